@@ -1,0 +1,162 @@
+"""Every artifact's schema, in one place, with checked reads and atomic writes.
+
+Token-level columns are list<int32> / list<float32> aligned with `response_token_ids`. Each artifact
+extends the previous one (rollouts -> verified -> attributions -> advantages), so one row carries
+everything known about a response and anyone can recompute a stage from its input file.
+Extra columns are allowed in inputs (users add their own); missing or mistyped ones are errors.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from oarctl.errors import OarError
+
+TOKENS = pa.list_(pa.int32())
+FLOATS = pa.list_(pa.float32())
+
+PROMPTS = pa.schema([
+    ("prompt_id", pa.string()),   # unique id of the problem
+    ("problem", pa.string()),     # problem statement shown to the model
+    ("answer", pa.string()),      # gold final answer, raw text
+])
+ROLLOUTS = pa.schema(list(PROMPTS) + [
+    ("sample_index", pa.int32()),          # index of the response within its prompt's group
+    ("prompt_token_ids", TOKENS),          # the chat-formatted prompt, as fed to the model
+    ("response_token_ids", TOKENS),        # sampled tokens, final eos included when produced
+    ("response_logprobs", FLOATS),         # log-prob of each sampled token under the sampling policy
+    ("response_text", pa.string()),        # decoded response (special tokens removed)
+    ("finish_reason", pa.string()),        # "stop" (eos) or "length"
+    ("temperature", pa.float32()),         # temperature the log-probs were computed at
+])
+VERIFIED = pa.schema(list(ROLLOUTS) + [
+    ("extracted_answer", pa.string()),     # null when no final answer was found
+    ("reward", pa.float32()),              # 1.0 correct, 0.0 otherwise
+])
+ATTRIBUTIONS = pa.schema(list(VERIFIED) + [
+    ("attribution_method", pa.string()),   # registry name of the method that scored the tokens
+    ("token_scores", FLOATS),              # raw importance score of each response token
+])
+ADVANTAGES = pa.schema(list(ATTRIBUTIONS) + [
+    ("advantage", pa.float32()),           # sequence-level (GRPO) advantage
+    ("token_weights", FLOATS),             # reshaping weight of each response token (1 = GRPO)
+    ("token_advantages", FLOATS),          # advantage * weight, what the update stage optimises
+])
+UPDATE_LOG = pa.schema([
+    ("optimizer_step", pa.int32()),
+    ("epoch", pa.int32()),
+    ("loss", pa.float32()),
+    ("pg_loss", pa.float32()),
+    ("clip_fraction", pa.float32()),
+    ("kl", pa.float32()),
+    ("entropy", pa.float32()),
+    ("grad_norm", pa.float32()),
+    ("ratio_mean", pa.float32()),
+    ("tokens", pa.int32()),
+])
+EVAL_RESULTS = pa.schema(list(PROMPTS) + [
+    ("mode", pa.string()),                 # "greedy" or "sampled"
+    ("sample_index", pa.int32()),
+    ("response_token_ids", TOKENS),
+    ("response_text", pa.string()),
+    ("finish_reason", pa.string()),
+    ("extracted_answer", pa.string()),
+    ("reward", pa.float32()),
+])
+
+SCHEMAS = {
+    "prompts": PROMPTS, "rollouts": ROLLOUTS, "verified": VERIFIED, "attributions": ATTRIBUTIONS,
+    "advantages": ADVANTAGES, "update_log": UPDATE_LOG, "eval_results": EVAL_RESULTS,
+}
+# Columns that must hold one value per response token.
+ALIGNED_WITH_RESPONSE = ["response_logprobs", "token_scores", "token_weights", "token_advantages"]
+
+
+def _open_parquet(path: Path) -> pa.Table:
+    if not path.exists():
+        raise OarError(f"{path}: file not found")
+    if path.is_dir():
+        raise OarError(f"{path}: is a directory, expected a Parquet file")
+    if path.stat().st_size == 0:
+        raise OarError(f"{path}: file is empty")
+    try:
+        return pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as error:
+        raise OarError(f"{path}: not a readable Parquet file ({str(error).splitlines()[0]})") from None
+
+
+def _check_columns(table: pa.Table, schema: pa.Schema, path: Path, kind: str) -> pa.Table:
+    for expected in schema:
+        if expected.name not in table.column_names:
+            raise OarError(f"{path}: missing column {expected.name!r} (expected a {kind} file)")
+        actual = table.schema.field(expected.name).type
+        if actual != expected.type:
+            try:
+                table = table.set_column(table.column_names.index(expected.name), expected.name,
+                                         table[expected.name].cast(expected.type, safe=True))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise OarError(f"{path}: column {expected.name!r} has type {actual}, "
+                               f"expected {expected.type}") from None
+    return table
+
+
+def _check_alignment(table: pa.Table, path: Path) -> None:
+    if "response_token_ids" not in table.column_names:
+        return
+    lengths = pc.list_value_length(table["response_token_ids"]).to_pylist()
+    for column in ALIGNED_WITH_RESPONSE:
+        if column not in table.column_names:
+            continue
+        for row, (want, got) in enumerate(zip(lengths, pc.list_value_length(table[column]).to_pylist())):
+            if want != got:
+                raise OarError(f"{path}: row {row}: column {column!r} has {got} values for {want} response tokens")
+
+
+def read_artifact(path: str | Path, kind: str) -> pa.Table:
+    """Read and check an artifact; any problem is a one-line OarError naming the file."""
+    path = Path(path)
+    table = _open_parquet(path)
+    if table.num_rows == 0:
+        raise OarError(f"{path}: has no rows")
+    table = _check_columns(table, SCHEMAS[kind], path, kind)
+    _check_alignment(table, path)
+    return table
+
+
+def make_table(columns: dict, kind: str) -> pa.Table:
+    """Build an artifact table from python columns, in the schema's column order."""
+    schema = SCHEMAS[kind]
+    missing = [f.name for f in schema if f.name not in columns]
+    if missing:
+        raise ValueError(f"{kind}: columns missing when building the table: {missing}")
+    return pa.table({f.name: pa.array(columns[f.name], type=f.type) for f in schema}, schema=schema)
+
+
+def extend_table(table: pa.Table, columns: dict, kind: str) -> pa.Table:
+    """The input table's known columns plus new ones, cast to the schema of `kind`."""
+    merged = {name: table[name] for name in table.column_names}
+    merged.update(columns)
+    return make_table(merged, kind)
+
+
+def temporary_sibling(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def write_parquet(table: pa.Table, path: str | Path) -> None:
+    """Write to a hidden temporary file in the same folder, fsync, then rename: never half-written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_sibling(path)
+    try:
+        pq.write_table(table, temporary)
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise OarError(f"{path}: cannot write ({error.strerror or error})") from None

@@ -1,0 +1,138 @@
+"""Policy checkpoints: safetensors weights, tokenizer, optimizer state, and a hash manifest.
+
+`checkpoint.json` lists the sha256 of every file; loading verifies them, so a truncated or
+tampered checkpoint is refused instead of silently training on garbage. Pickle is never used:
+transformers is told `use_safetensors=True`, and optimizer moments are stored as safetensors.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from oarctl.errors import OarError
+
+MANIFEST = "checkpoint.json"
+OPTIMIZER_TENSORS = "optimizer.safetensors"
+OPTIMIZER_STATE = "optimizer.json"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _file_hashes(directory: Path) -> dict[str, str]:
+    return {p.name: sha256_file(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST}
+
+
+def policy_identity(directory: str | Path) -> str:
+    """A content hash naming a policy: from checkpoint.json when we wrote it, else from its files."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise OarError(f"{directory}: policy directory not found")
+    manifest = directory / MANIFEST
+    files = json.loads(manifest.read_text())["files"] if manifest.exists() else _file_hashes(directory)
+    if not any(name.endswith(".safetensors") for name in files):
+        raise OarError(f"{directory}: no safetensors weights (pickled weights are never loaded)")
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def verify_checkpoint(directory: Path) -> None:
+    manifest = directory / MANIFEST
+    if not manifest.exists():
+        return  # a model directory we did not write (the embedded default, a hub snapshot)
+    for name, expected in json.loads(manifest.read_text())["files"].items():
+        path = directory / name
+        if not path.exists():
+            raise OarError(f"{directory}: checkpoint file {name} is missing")
+        if sha256_file(path) != expected:
+            raise OarError(f"{directory}: checkpoint file {name} does not match its recorded hash (truncated or modified)")
+
+
+def load_policy(directory: str | Path, device: str = "cpu"):
+    """(model, tokenizer) from a model directory, weights from safetensors only."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = Path(directory)
+    policy_identity(directory)  # existence and safetensors checks
+    verify_checkpoint(directory)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        model = AutoModelForCausalLM.from_pretrained(directory, use_safetensors=True, dtype=torch.float32)
+    except (OSError, ValueError) as error:
+        raise OarError(f"{directory}: cannot load the policy ({str(error).splitlines()[0]})") from None
+    if tokenizer.pad_token_id is None:
+        raise OarError(f"{directory}: tokenizer has no pad token")
+    return model.to(device), tokenizer
+
+
+def save_optimizer(optimizer: torch.optim.Optimizer, names: list[str], directory: Path) -> None:
+    """AdamW moments as safetensors (keyed by parameter name) plus the scalar state as JSON."""
+    tensors, scalars = {}, {}
+    state = optimizer.state_dict()["state"]
+    for index, name in enumerate(names):
+        for key, value in state.get(index, {}).items():
+            if torch.is_tensor(value) and value.dim() > 0:
+                tensors[f"{name}::{key}"] = value.contiguous()
+            else:
+                scalars[f"{name}::{key}"] = float(value)
+    save_file(tensors, directory / OPTIMIZER_TENSORS)
+    (directory / OPTIMIZER_STATE).write_text(json.dumps(scalars, sort_keys=True))
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, names: list[str], directory: Path) -> bool:
+    """Restore AdamW state written by `save_optimizer`; False when the directory has none."""
+    if not (directory / OPTIMIZER_TENSORS).exists():
+        return False
+    tensors = load_file(directory / OPTIMIZER_TENSORS)
+    scalars = json.loads((directory / OPTIMIZER_STATE).read_text())
+    state_dict = optimizer.state_dict()
+    for index, name in enumerate(names):
+        entry = {k.split("::", 1)[1]: v for k, v in tensors.items() if k.startswith(f"{name}::")}
+        entry.update({k.split("::", 1)[1]: torch.tensor(v) for k, v in scalars.items() if k.startswith(f"{name}::")})
+        if entry:
+            state_dict["state"][index] = entry
+    optimizer.load_state_dict(state_dict)
+    return True
+
+
+def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_names=None, extra_files=()) -> str:
+    """Write a complete checkpoint into `directory` (a fresh temporary folder) and its hash manifest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    if optimizer is not None:
+        save_optimizer(optimizer, parameter_names, directory)
+    for writer in extra_files:
+        writer(directory)
+    files = _file_hashes(directory)
+    (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+    return policy_identity(directory)
+
+
+def replace_directory(temporary: Path, final: Path) -> None:
+    """Move a finished folder into place; a stale one at `final` is removed first."""
+    for path in temporary.rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(temporary, final)
+
+
+def prune(directory: Path) -> None:
+    """Drop a checkpoint's weights but keep checkpoint.json, so its identity stays known."""
+    for path in directory.iterdir():
+        if path.name != MANIFEST:
+            path.unlink()
+    (directory / "PRUNED").write_text("weights pruned by run.keep_checkpoints\n")

@@ -1,0 +1,200 @@
+"""The `oarctl` command line: parses arguments and calls the pipeline. No logic lives here.
+
+User errors (bad files, options, configs) print one line and exit with code 2.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from oarctl.errors import OarError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="GRPO with outcome-grounded advantage reshaping, as cacheable Parquet stages.")
+toy_app = typer.Typer(no_args_is_help=True, help="The embedded toy world: generated prompts, base policy.")
+app.add_typer(toy_app, name="toy")
+
+ConfigOption = typer.Option(None, "-c", "--config", help="YAML config file")
+SetOption = typer.Option(None, "--set", help="override: section.key=value (repeatable)")
+OutputOption = typer.Option(..., "-o", "--output", help="output path")
+PolicyOption = typer.Option(None, "--policy", help="policy folder (default: policy.path of the config)")
+StepOption = typer.Option(0, "--step", help="RL step index (seeds sampling and the prompt draw)")
+ForceOption = typer.Option(False, "--force", help="recompute even if the output is up to date")
+
+
+def user_errors(command):
+    """Turn OarError into `error: ...` on stderr and exit code 2, never a traceback."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except OarError as error:
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(2)
+    return wrapper
+
+
+def _config(config_file: Optional[Path], overrides: Optional[List[str]]):
+    from oarctl.config import load_config
+    return load_config(config_file, overrides or [])
+
+
+def _log(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _stage_command(name: str, input_path: Path, output: Path, config_file, overrides, *, policy=None,
+                   step: int = 0, force: bool = False) -> None:
+    from oarctl.pipeline import STAGES, resolve_policy_path, run_stage
+
+    config = _config(config_file, overrides)
+    (input_name,) = STAGES[name].inputs
+    policy_path = None
+    if STAGES[name].uses_policy:
+        policy_path = Path(policy) if policy else resolve_policy_path(config.policy.path)
+    manifest, ran = run_stage(name, config, {input_name: input_path}, output, step=step,
+                              policy_path=policy_path, force=force, log=_log)
+    metrics = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in manifest["metrics"].items())
+    typer.echo(f"{name}: {'wrote' if ran else 'up to date'} {output}  {metrics}")
+
+
+@app.command()
+@user_errors
+def sample(prompts: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption, step: int = StepOption,
+           config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption, force: bool = ForceOption):
+    """Sample a group of responses for this step's prompts -> rollouts."""
+    _stage_command("sample", prompts, output, config, set, policy=policy, step=step, force=force)
+
+
+@app.command()
+@user_errors
+def verify(rollouts: Path, output: Path = OutputOption, config: Optional[Path] = ConfigOption,
+           set: Optional[List[str]] = SetOption, force: bool = ForceOption):
+    """Grade every response -> verified (extracted answer, reward)."""
+    _stage_command("verify", rollouts, output, config, set, force=force)
+
+
+@app.command()
+@user_errors
+def attribute(verified: Path, output: Path = OutputOption, method: Optional[str] = typer.Option(
+        None, "--method", help="attribution method (overrides attribute.method)"),
+        policy: Optional[Path] = PolicyOption, step: int = StepOption, config: Optional[Path] = ConfigOption,
+        set: Optional[List[str]] = SetOption, force: bool = ForceOption):
+    """Score every response token -> attributions."""
+    overrides = list(set or []) + ([f"attribute.method={method}"] if method else [])
+    _stage_command("attribute", verified, output, config, overrides, policy=policy, step=step, force=force)
+
+
+@app.command()
+@user_errors
+def reshape(attributions: Path, output: Path = OutputOption, config: Optional[Path] = ConfigOption,
+            set: Optional[List[str]] = SetOption, force: bool = ForceOption):
+    """Turn rewards and token scores into token advantages -> advantages."""
+    _stage_command("reshape", attributions, output, config, set, force=force)
+
+
+@app.command()
+@user_errors
+def update(advantages: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
+           step: int = StepOption, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption,
+           force: bool = ForceOption):
+    """One policy-gradient step on the token advantages -> a policy folder (with update.parquet)."""
+    _stage_command("update", advantages, output, config, set, policy=policy, step=step, force=force)
+
+
+@app.command()
+@user_errors
+def evaluate(prompts: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
+             config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption, force: bool = ForceOption):
+    """Greedy accuracy, avg@k and pass@k of a policy on held-out prompts -> eval results."""
+    _stage_command("evaluate", prompts, output, config, set, policy=policy, force=force)
+
+
+@app.command()
+@user_errors
+def run(config: Optional[Path] = ConfigOption, run_dir: Optional[Path] = typer.Option(
+        None, "--run-dir", help="run folder (default: runs/<config name>)"),
+        steps: Optional[int] = typer.Option(None, "--steps", help="number of RL steps (overrides run.steps)"),
+        set: Optional[List[str]] = SetOption, force: bool = ForceOption):
+    """The whole loop: evaluate base, then sample -> verify -> attribute -> reshape -> update per step."""
+    import time
+
+    from oarctl.pipeline import run_loop
+
+    overrides = list(set or []) + ([f"run.steps={steps}"] if steps is not None else [])
+    settings = _config(config, overrides)
+    folder = run_dir or Path("runs") / (config.stem if config else "default")
+    started = time.perf_counter()
+    summary = run_loop(settings, folder, force=force, log=_log)
+    base, final = summary["base"]["eval/greedy_accuracy"], summary["final"]["eval/greedy_accuracy"]
+    typer.echo(f"run folder: {folder}  ({time.perf_counter() - started:.0f} s)")
+    typer.echo(f"held-out accuracy: base {100 * base:.1f}% -> trained {100 * final:.1f}%")
+
+
+@app.command()
+@user_errors
+def show(path: Path, rows: int = typer.Option(5, "--rows", "-n", help="rows to print")):
+    """Print an artifact's schema, row count and first rows (or a manifest / metrics file)."""
+    from oarctl.inspect import show_file
+    typer.echo(show_file(path, rows))
+
+
+@app.command()
+@user_errors
+def status(run_dir: Path, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
+    """Which stages of which steps are done, and why the others would run."""
+    from oarctl.pipeline import run_status
+
+    if not run_dir.is_dir():
+        raise OarError(f"{run_dir}: run folder not found")
+    recorded = run_dir / "config.yaml"
+    settings = _config(config or (recorded if recorded.exists() else None), set)
+    for where, stage, state in run_status(run_dir, settings):
+        typer.echo(f"{where:<12} {stage:<10} {state}")
+
+
+@app.command("config")
+@user_errors
+def show_config(config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption,
+                explain: bool = typer.Option(False, "--explain", help="every option with its help")):
+    """Print the resolved config (defaults + file + overrides), or every option's help."""
+    import yaml
+
+    from oarctl.config import explain as explain_options, to_dict
+    typer.echo(explain_options() if explain else yaml.safe_dump(to_dict(_config(config, set)), sort_keys=False))
+
+
+@toy_app.command("prompts")
+@user_errors
+def toy_prompts(output: Path = OutputOption, split: str = typer.Option("train", help="train or heldout"),
+                count: int = typer.Option(256, "-n", help="number of problems"),
+                config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
+    """Write generated toy prompts (the same sets `oarctl run` uses) to a Parquet file."""
+    from oarctl.artifacts import write_parquet
+    from oarctl.data import toy_prompts as generate_prompts
+
+    if split not in ("train", "heldout"):
+        raise OarError(f"--split: expected train or heldout, got {split!r}")
+    settings = _config(config, set)
+    write_parquet(generate_prompts(split, count, settings.data.toy_levels, settings.run.seed), output)
+    typer.echo(f"wrote {count} {split} prompts to {output}")
+
+
+@toy_app.command("build")
+@user_errors
+def toy_build(output: Path = typer.Option(None, "-o", "--output", help="default: the embedded base policy folder"),
+              seed: int = typer.Option(0, help="training seed")):
+    """Rebuild the embedded base policy by supervised warm start (a few minutes on 2 cores)."""
+    from oarctl.toy import BASE_POLICY_DIR
+    from oarctl.toy.pretrain import pretrain
+
+    result = pretrain(output or BASE_POLICY_DIR, seed=seed, log=_log)
+    typer.echo(f"base policy: {result}")
+
+
+def main() -> None:  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,198 @@
+"""The table of contents: every stage, its inputs, its output, and the loop that chains them.
+
+    prompts --sample--> rollouts --verify--> verified --attribute--> attributions
+            --reshape--> advantages --update--> policy/ (next step's policy)
+    held-out prompts --evaluate--> eval results (base policy, every `eval_every` steps, final)
+
+Run folder layout (each output has `<name>.manifest.json` beside it):
+    config.yaml  data/train.parquet  data/heldout.parquet  metrics.jsonl
+    step_0000/{rollouts,verified,attributions,advantages}.parquet  step_0000/policy/
+    eval/base.parquet  eval/step_0004.parquet ...
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from oarctl import config as config_module
+from oarctl.artifacts import temporary_sibling, write_parquet
+from oarctl.errors import OarError
+from oarctl.runner import Policy, StageContext, key_parts, read_manifest, run_cached, why_stale
+from oarctl.stages import attribute, evaluate, reshape, sample, update, verify
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    function: Callable
+    inputs: dict[str, str]  # input name -> artifact kind
+    output_kind: str  # artifact kind, or "policy" for a checkpoint folder
+    version: str
+    uses_policy: bool
+
+
+STAGES = {s.name: s for s in [
+    Stage("sample", sample.run, {"prompts": "prompts"}, "rollouts", sample.VERSION, True),
+    Stage("verify", verify.run, {"rollouts": "rollouts"}, "verified", verify.VERSION, False),
+    Stage("attribute", attribute.run, {"verified": "verified"}, "attributions", attribute.VERSION, True),
+    Stage("reshape", reshape.run, {"attributions": "attributions"}, "advantages", reshape.VERSION, False),
+    Stage("update", update.run, {"advantages": "advantages"}, "policy", update.VERSION, True),
+    Stage("evaluate", evaluate.run, {"prompts": "prompts"}, "eval_results", evaluate.VERSION, True),
+]}
+STEP_STAGES = ["sample", "verify", "attribute", "reshape", "update"]
+STEP_OUTPUTS = {"sample": "rollouts.parquet", "verify": "verified.parquet", "attribute": "attributions.parquet",
+                "reshape": "advantages.parquet", "update": "policy"}
+
+
+def resolve_policy_path(path: str) -> Path:
+    if path == "toy":
+        from oarctl.toy import base_policy_dir
+        return base_policy_dir()
+    return Path(path)
+
+
+def _stage_context(name: str, config, step: int, policy_path: Path | None) -> StageContext:
+    uses_reference = name == "update" and config.update.kl_coef > 0
+    return StageContext(
+        seed=config.run.seed, step=step, progress=config.run.progress,
+        policy=Policy(policy_path, config.policy.device) if STAGES[name].uses_policy else None,
+        reference=Policy(resolve_policy_path(config.policy.path), config.policy.device) if uses_reference else None)
+
+
+def run_stage(name: str, config, input_paths: dict[str, Path], output: Path, *, step: int = 0,
+              policy_path: Path | None = None, force: bool = False, log=print) -> tuple[dict, bool]:
+    """Run one stage (cached) with the config's section; the CLI and the loop both come here."""
+    context = _stage_context(name, config, step, policy_path)
+    return run_cached(STAGES[name], config_module.section_dict(config, name), getattr(config, name),
+                      input_paths, output, context, force=force, log=log)
+
+
+def stage_state(name: str, config, input_paths: dict[str, Path], output: Path, *, step: int = 0,
+                policy_path: Path | None = None) -> str:
+    """'done', or why the stage would run now (for `oarctl status`)."""
+    missing = [str(p) for p in [*input_paths.values(), policy_path] if p is not None and not p.exists()]
+    if missing:
+        return "waiting for " + ", ".join(missing)
+    context = _stage_context(name, config, step, policy_path)
+    parts = key_parts(STAGES[name], config_module.section_dict(config, name), input_paths, context)
+    return why_stale(output, parts) or "done"
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / f"step_{step:04d}"
+
+
+def _write_text_atomically(path: Path, text: str) -> None:
+    temporary = temporary_sibling(path)
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+def prepare_run_dir(run_dir: Path, config) -> dict[str, Path]:
+    """Record the config and write the prompt sets once (later stages hash these files)."""
+    import pyarrow.parquet as pq
+
+    from oarctl.data import load_prompts
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _write_text_atomically(run_dir / "config.yaml", yaml.safe_dump(config_module.to_dict(config), sort_keys=False))
+    paths = {}
+    for split, source in (("train", config.data.train), ("heldout", config.data.heldout)):
+        paths[split] = run_dir / "data" / f"{split}.parquet"
+        table = load_prompts(source, split, config)
+        if not paths[split].exists() or not pq.read_table(paths[split]).equals(table):
+            write_parquet(table, paths[split])
+    return paths
+
+
+def _evaluate(config, heldout: Path, policy: Path, output: Path, force: bool, log) -> dict:
+    manifest, _ = run_stage("evaluate", config, {"prompts": heldout}, output, policy_path=policy,
+                            force=force, log=log)
+    return manifest["metrics"]
+
+
+def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force: bool, log) -> dict:
+    """The five stages of one RL step; returns {stage: metrics}."""
+    folder = step_dir(run_dir, step)
+    previous = {"sample": train}
+    metrics = {}
+    for name in STEP_STAGES:
+        stage = STAGES[name]
+        output = folder / STEP_OUTPUTS[name]
+        (input_name,) = stage.inputs
+        manifest, _ = run_stage(name, config, {input_name: previous[name]}, output, step=step,
+                                policy_path=policy, force=force, log=log)
+        metrics[name] = manifest["metrics"]
+        following = STEP_STAGES.index(name) + 1
+        if following < len(STEP_STAGES):
+            previous[STEP_STAGES[following]] = output
+    return metrics
+
+
+def _prune(run_dir: Path, step: int, keep: int) -> None:
+    from oarctl.checkpoints import prune
+
+    old = step_dir(run_dir, step - keep) / "policy"
+    if step - keep >= 0 and old.is_dir() and not (old / "PRUNED").exists():
+        prune(old)
+
+
+def _flatten(prefix: str, metrics: dict) -> dict:
+    return {f"{prefix}/{key}": value for key, value in metrics.items() if isinstance(value, (int, float))}
+
+
+def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
+    """The whole loop, resumable: every finished stage is a cache hit on the next invocation."""
+    data = prepare_run_dir(run_dir, config)
+    base = resolve_policy_path(config.policy.path)
+    lines = [{"kind": "eval", "after_steps": 0,
+              **_flatten("eval", _evaluate(config, data["heldout"], base, run_dir / "eval" / "base.parquet", force, log))}]
+    policy, steps = base, config.run.steps
+    for step in range(steps):
+        metrics = _run_step(config, run_dir, step, data["train"], policy, force, log)
+        policy = step_dir(run_dir, step) / "policy"
+        line = {"kind": "step", "step": step}
+        for name, values in metrics.items():
+            line.update(_flatten(name, values))
+        lines.append(line)
+        log(_step_summary(step, steps, line))
+        if step + 1 == steps or (config.run.eval_every and (step + 1) % config.run.eval_every == 0):
+            output = run_dir / "eval" / f"step_{step:04d}.parquet"
+            lines.append({"kind": "eval", "after_steps": step + 1,
+                          **_flatten("eval", _evaluate(config, data["heldout"], policy, output, force, log))})
+        _write_text_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
+        _prune(run_dir, step, config.run.keep_checkpoints)
+    _write_text_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
+    evals = [x for x in lines if x["kind"] == "eval"]
+    return {"base": evals[0], "final": evals[-1], "policy": str(policy)}
+
+
+def _step_summary(step: int, steps: int, line: dict) -> str:
+    return (f"step {step + 1}/{steps}: reward {line.get('verify/reward_mean', float('nan')):.3f}  "
+            f"mixed groups {line.get('reshape/mixed_group_fraction', float('nan')):.2f}  "
+            f"loss {line.get('update/loss', float('nan')):+.4f}  "
+            f"clip {line.get('update/clip_fraction', float('nan')):.3f}  "
+            f"entropy {line.get('update/entropy', float('nan')):.3f}")
+
+
+def run_status(run_dir: Path, config) -> list[tuple[str, str, str]]:
+    """(where, stage, state) rows, state = 'done' or the reason the stage would run."""
+    train, heldout = run_dir / "data" / "train.parquet", run_dir / "data" / "heldout.parquet"
+    base = resolve_policy_path(config.policy.path)
+    rows = [("eval/base", "evaluate",
+             stage_state("evaluate", config, {"prompts": heldout}, run_dir / "eval" / "base.parquet", policy_path=base))]
+    policy = base
+    for step in range(config.run.steps):
+        folder, previous = step_dir(run_dir, step), train
+        for name in STEP_STAGES:
+            output = folder / STEP_OUTPUTS[name]
+            (input_name,) = STAGES[name].inputs
+            rows.append((folder.name, name, stage_state(name, config, {input_name: previous}, output,
+                                                        step=step, policy_path=policy)))
+            previous = output
+        policy = folder / "policy"
+    return rows

@@ -1,0 +1,105 @@
+"""Bi-Level reshaping: raw attribution scores of one response -> one weight per reasoning token.
+
+Reads the scores of one span (any attribution method: OAR-P, OAR-G, entropy, random); writes
+float32 weights, one per score, that multiply the sequence advantage (section 5 of
+docs/oar-method.md). Tokens scoring below the q-quantile are suppressed towards `floor`, the
+others boosted up to 1 + beta; with `preserve_mass` the weights are rescaled to sum to the span
+length, so the token advantages of a response still sum to the GRPO total.
+
+Where we deviate from the reference code (OAR-main.py):
+- the quantile level q and the threshold tau are separate variables (the reference overwrote q
+  with tau, so every response after the first in a batch used a wrong cut-off);
+- scores are cleaned first (NaN -> 0, +inf -> largest finite score, negatives -> 0), because
+  `answer_joint` deltas can be negative and log1p below -1 is NaN;
+- the edge cases tau == 0 and tau == 1 are defined instead of dividing by zero (see `_cut`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _check_arguments(quantile: float, beta: float, floor: float) -> None:
+    # Written as `not (...)` so that NaN arguments fail too.
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile must lie strictly between 0 and 1; got {quantile}")
+    if not beta >= 0.0:
+        raise ValueError(f"beta must be >= 0; got {beta}")
+    if not 0.0 <= floor <= 1.0:
+        raise ValueError(f"floor must lie in [0, 1]; got {floor}")
+
+
+def _clean(scores: np.ndarray) -> np.ndarray | None:
+    """NaN -> 0, negatives (and -inf) -> 0, +inf -> largest finite score.
+
+    Returns None when there is no finite score to stand in for +inf (all +inf, or +inf mixed only
+    with NaN/-inf): the span carries no usable ranking and every weight is 1.
+    """
+    scores = np.where(np.isnan(scores), 0.0, scores)
+    scores = np.maximum(scores, 0.0)
+    infinite = np.isposinf(scores)
+    if infinite.any():
+        finite = scores[~infinite]
+        if finite.size == 0:
+            return None
+        scores = np.where(infinite, finite.max(), scores)
+    return scores
+
+
+def _cut(normalized: np.ndarray, tau: float, beta: float, floor: float) -> np.ndarray:
+    """Suppress below tau, boost at or above it.
+
+    tau == 0: no normalized value is below it (all lie in [0, 1]), so nothing is suppressed and
+    the suppress division n / tau never runs. tau == 1: only values equal to 1 are boosted, and
+    their excess n - tau is 0, so the boost is exactly 1 (instead of 0 / 0). Otherwise
+    (n - tau) / (1 - tau) lies in [0, 1] and the boost in [1, 1 + beta]. Both guards give what
+    the reference code's `+ 1e-8` on its denominators gives, without the epsilon bias.
+    """
+    suppressed = normalized < tau
+    weights = np.empty_like(normalized)
+    if suppressed.any():
+        weights[suppressed] = np.maximum(normalized[suppressed] / tau, floor)
+    boosted = ~suppressed
+    if tau < 1.0:
+        weights[boosted] = 1.0 + beta * (normalized[boosted] - tau) / (1.0 - tau)
+    else:
+        weights[boosted] = 1.0
+    return weights
+
+
+def bilevel_weights(
+    scores: np.ndarray,
+    quantile: float = 0.25,
+    beta: float = 1.0,
+    floor: float = 0.1,
+    preserve_mass: bool = True,
+) -> np.ndarray:
+    """Bi-Level weights for one span of scores (section 5 of docs/oar-method.md).
+
+    l = log1p(clean(s)); n = min-max(l); tau = np.quantile(n, quantile) with numpy's default
+    "linear" interpolation (type 7, position (R - 1) * q between the sorted values; the paper
+    does not say, the reference code calls np.quantile with the same default);
+    w = max(n / tau, floor) if n < tau else 1 + beta * (n - tau) / (1 - tau); then, with
+    preserve_mass, w * R / sum(w). All-equal cleaned scores (including a span of one token)
+    give all ones. The mapping is monotone: a higher score never gets a lower weight.
+    Returns float32 of the same length as `scores` (empty in, empty out).
+    """
+    _check_arguments(quantile, beta, floor)
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.ndim != 1:
+        raise ValueError(f"scores must be 1-D (one per reasoning token); got shape {scores.shape}")
+    if scores.size == 0:
+        return np.zeros(0, dtype=np.float32)
+    cleaned = _clean(scores)
+    if cleaned is None:
+        return np.ones(scores.size, dtype=np.float32)
+    logged = np.log1p(cleaned)
+    low, high = logged.min(), logged.max()
+    if high == low:
+        return np.ones(scores.size, dtype=np.float32)
+    normalized = (logged - low) / (high - low)
+    tau = float(np.quantile(normalized, quantile))
+    weights = _cut(normalized, tau, beta, floor)
+    if preserve_mass:
+        # sum >= 1: the maximum (n = 1 >= tau) always gets a boost >= 1.
+        weights = weights * (weights.size / weights.sum())
+    return weights.astype(np.float32)

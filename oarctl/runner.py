@@ -1,0 +1,142 @@
+"""Run one stage with caching: key, hit/miss, atomic outputs, manifest written last.
+
+A stage's output `X` (a Parquet file, or a policy folder for `update`) is complete only when
+`X.manifest.json` exists beside it and records the same cache key. The key is the sha256 of the
+stage name and version, its config section, the seed and step, and the content hashes of its
+inputs, so editing a config or an upstream file re-runs exactly what depends on it, and
+`oarctl status` can say why.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
+from oarctl.checkpoints import load_policy, policy_identity, replace_directory, save_policy, sha256_file
+from oarctl.errors import OarError
+
+
+@dataclass
+class Policy:
+    """A policy folder, loaded only when a stage asks for the model."""
+    path: Path
+    device: str = "cpu"
+    _loaded: tuple | None = None
+
+    @property
+    def identity(self) -> str:
+        return policy_identity(self.path)
+
+    def load(self):
+        if self._loaded is None:
+            self._loaded = load_policy(self.path, self.device)
+        return self._loaded
+
+
+@dataclass
+class StageContext:
+    seed: int
+    step: int
+    policy: Policy | None = None
+    reference: Policy | None = None  # only set when the stage needs one (update with a KL term)
+    progress: bool = False
+
+
+@dataclass
+class StageOutput:
+    table: object  # pyarrow.Table
+    metrics: dict = field(default_factory=dict)
+    trained: object | None = None  # update only: (model, tokenizer, optimizer, parameter names)
+
+
+def manifest_path(output: Path) -> Path:
+    return output.with_name(output.name + ".manifest.json")
+
+
+def _canonical_hash(document: dict) -> str:
+    return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def key_parts(stage, section: dict, input_paths: dict[str, Path], context: StageContext) -> dict:
+    inputs = {name: sha256_file(path) for name, path in sorted(input_paths.items())}
+    if context.policy is not None:
+        inputs["policy"] = context.policy.identity
+    if context.reference is not None:
+        inputs["reference"] = context.reference.identity
+    return {"stage": stage.name, "version": stage.version, "config": section, "inputs": inputs,
+            "seed": context.seed, "step": context.step}
+
+
+def read_manifest(output: Path) -> dict | None:
+    path = manifest_path(output)
+    if not path.exists() or not output.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None  # a torn manifest cannot happen with atomic writes, but treat it as absent
+
+
+def why_stale(output: Path, parts: dict) -> str | None:
+    """None when the finished output matches `parts`; else a short reason it must (re)run."""
+    manifest = read_manifest(output)
+    if manifest is None:
+        return "not run" if not output.exists() else "incomplete (no manifest)"
+    if manifest["key"] == _canonical_hash(parts):
+        return None
+    recorded = manifest["key_parts"]
+    changed = [name for name in ("version", "config", "seed", "step") if recorded.get(name) != parts[name]]
+    changed += [f"input {n}" for n in sorted(set(recorded["inputs"]) | set(parts["inputs"]))
+                if recorded["inputs"].get(n) != parts["inputs"].get(n)]
+    return "changed: " + ", ".join(changed or ["key"])
+
+
+def _write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, output_hash: str) -> dict:
+    manifest = {"stage": parts["stage"], "key": _canonical_hash(parts), "key_parts": parts,
+                "output_sha256": output_hash, "metrics": metrics, "wall_seconds": round(seconds, 3),
+                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    path = manifest_path(output)
+    temporary = temporary_sibling(path)
+    temporary.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
+    temporary.replace(path)
+    return manifest
+
+
+def _write_outputs(stage, result: StageOutput, output: Path) -> str:
+    if stage.output_kind != "policy":
+        write_parquet(result.table, output)
+        return sha256_file(output)
+    model, tokenizer, optimizer, names = result.trained
+    temporary = temporary_sibling(output)
+    shutil.rmtree(temporary, ignore_errors=True)
+    identity = save_policy(model, tokenizer, temporary, optimizer, names,
+                           extra_files=[lambda d: write_parquet(result.table, d / "update.parquet")])
+    replace_directory(temporary, output)
+    return identity
+
+
+def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path], output: Path,
+               context: StageContext, force: bool = False, log=print) -> tuple[dict, bool]:
+    """Run `stage` unless its output is already complete for the same key. Returns (manifest, ran)."""
+    parts = key_parts(stage, section, input_paths, context)
+    reason = "forced" if force else why_stale(output, parts)
+    if reason is None:
+        return read_manifest(output), False
+    log(f"[{stage.name}] {output} ({reason})")
+    manifest_path(output).unlink(missing_ok=True)  # the old output is no longer vouched for
+    inputs = {name: read_artifact(path, stage.inputs[name]) for name, path in input_paths.items()}
+    started = time.perf_counter()
+    result = stage.function(inputs, section_config, context)
+    output_hash = _write_outputs(stage, result, output)
+    return _write_manifest(output, parts, result.metrics, time.perf_counter() - started, output_hash), True
+
+
+def require_complete(output: Path) -> dict:
+    manifest = read_manifest(output)
+    if manifest is None:
+        raise OarError(f"{output}: stage output is incomplete (no manifest)")
+    return manifest

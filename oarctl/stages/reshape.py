@@ -1,0 +1,50 @@
+"""reshape: attributions -> advantages (sequence advantage, token weights, token advantages).
+
+The sequence advantage comes from the estimator registry (GRPO by default, groups = prompt_id).
+Token weights are Bi-Level weights of the raw scores; with mass preservation on, every sequence's
+token advantages sum to its GRPO total (advantage x length), which this stage checks.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from oarctl.advantages import ADVANTAGE_ESTIMATORS, token_advantages
+from oarctl.artifacts import extend_table
+from oarctl.errors import OarError
+from oarctl.reshaping import bilevel_weights
+from oarctl.runner import StageContext, StageOutput
+
+VERSION = "1"
+
+
+def group_ids(prompt_ids: list[str]) -> np.ndarray:
+    index: dict[str, int] = {}
+    return np.array([index.setdefault(p, len(index)) for p in prompt_ids], dtype=np.int64)
+
+
+def _check_mass(advantage: float, weighted: np.ndarray, row: int) -> None:
+    expected = advantage * len(weighted)
+    if not np.isclose(weighted.sum(dtype=np.float64), expected, rtol=1e-4, atol=1e-4):
+        raise OarError(f"reshape: row {row}: token advantages sum to {weighted.sum():.6g}, "
+                       f"expected the GRPO total {expected:.6g}")
+
+
+def run(inputs, config, context: StageContext) -> StageOutput:
+    table = inputs["attributions"]
+    rewards = np.asarray(table["reward"].to_numpy(zero_copy_only=False), dtype=np.float64)
+    groups = group_ids(table["prompt_id"].to_pylist())
+    advantages = ADVANTAGE_ESTIMATORS.get(config.estimator)(rewards, groups, scale=config.scale, eps=config.eps)
+    weights, per_token = [], []
+    for row, scores in enumerate(table["token_scores"].to_pylist()):
+        w = bilevel_weights(np.asarray(scores, dtype=np.float32), quantile=config.quantile, beta=config.beta,
+                            floor=config.floor, preserve_mass=config.preserve_mass)
+        weighted = token_advantages(float(advantages[row]), w)
+        if config.preserve_mass:
+            _check_mass(float(advantages[row]), weighted, row)
+        weights.append(w.tolist())
+        per_token.append(weighted.tolist())
+    mixed = [len(set(rewards[groups == g])) > 1 for g in np.unique(groups)]
+    metrics = {"advantage_abs_mean": float(np.abs(advantages).mean()),
+               "mixed_group_fraction": float(np.mean(mixed))}
+    columns = {"advantage": advantages.tolist(), "token_weights": weights, "token_advantages": per_token}
+    return StageOutput(extend_table(table, columns, "advantages"), metrics)

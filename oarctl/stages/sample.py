@@ -1,0 +1,61 @@
+"""sample: prompts + policy -> rollouts (a group of responses per prompt).
+
+Reads a prompts table and draws `prompts_per_step` of them for this step (a seeded permutation per
+pass over the data, so every prompt is used once before any repeats). Each prompt is repeated
+`group_size` times and sampled; the sampling log-probs are kept for the PPO ratio.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from oarctl.artifacts import make_table
+from oarctl.policy.transformers_backend import generate
+from oarctl.runner import StageContext, StageOutput
+
+VERSION = "1"
+
+
+def select_prompts(count: int, per_step: int, step: int, seed: int) -> list[int]:
+    """Row indices for `step`: consecutive slices of per-epoch permutations of range(count)."""
+    start = step * per_step
+    indices = []
+    for position in range(start, start + per_step):
+        epoch, offset = divmod(position, count)
+        indices.append(int(np.random.default_rng([seed, epoch]).permutation(count)[offset]))
+    return indices
+
+
+def prompt_token_ids(tokenizer, problem: str) -> list[int]:
+    """Chat-format the problem with the model's own template, as a user turn."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": problem}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def run(inputs, config, context: StageContext) -> StageOutput:
+    prompts = inputs["prompts"]
+    model, tokenizer = context.policy.load()
+    rows = select_prompts(prompts.num_rows, config.prompts_per_step, context.step, context.seed)
+    chosen = prompts.take(rows).to_pylist()
+    repeated = [row for row in chosen for _ in range(config.group_size)]
+    encoded = {row["prompt_id"]: prompt_token_ids(tokenizer, row["problem"]) for row in chosen}
+    generations = generate(
+        model, tokenizer, [encoded[row["prompt_id"]] for row in repeated],
+        temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
+        seed=context.seed * 100_003 + context.step, batch_size=config.batch_size, progress=context.progress)
+    columns = {
+        "prompt_id": [r["prompt_id"] for r in repeated],
+        "problem": [r["problem"] for r in repeated],
+        "answer": [r["answer"] for r in repeated],
+        "sample_index": [i % config.group_size for i in range(len(repeated))],
+        "prompt_token_ids": [encoded[r["prompt_id"]] for r in repeated],
+        "response_token_ids": [g.token_ids for g in generations],
+        "response_logprobs": [g.logprobs for g in generations],
+        "response_text": tokenizer.batch_decode([g.token_ids for g in generations], skip_special_tokens=True),
+        "finish_reason": [g.finish_reason for g in generations],
+        "temperature": [config.temperature] * len(repeated),
+    }
+    lengths = [len(g.token_ids) for g in generations]
+    metrics = {"responses": len(generations), "response_length_mean": float(np.mean(lengths)),
+               "truncated_fraction": float(np.mean([g.finish_reason == "length" for g in generations]))}
+    return StageOutput(make_table(columns, "rollouts"), metrics)

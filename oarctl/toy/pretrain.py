@@ -1,0 +1,178 @@
+"""Supervised warm start of the embedded toy base policy.
+
+GRPO needs a base policy that is right sometimes: sampled (T=1) accuracy well inside (0, 1), with
+easy and hard prompts mixed. Supervised training on this task goes from 0% to ~100% in a few
+minutes, so the band is narrow in steps: we evaluate sampled accuracy on held-out problems every
+`eval_every` steps and keep the first checkpoint inside `target_band`, not a wall-time budget.
+Constant LR (after warmup), so where the band is hit does not depend on `max_steps`.
+
+    python -m oarctl.toy.pretrain --out oarctl/toy/base_policy --seed 0
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from oarctl.policy.transformers_backend import generate
+from oarctl.toy.model import build_model, parameter_count
+from oarctl.toy.task import DEFAULT_LEVELS, generate_problems, is_reserved, iter_problems
+from oarctl.toy.tokenizer import build_tokenizer, format_prompt
+from oarctl.verify.boxed import score
+
+HELDOUT_SEED_OFFSET = 1_000  # held-out problems come from seed + this, minus the train problems
+MAX_NEW_TOKENS = 48  # longest toy solution is ~40 tokens plus eos
+
+
+def _encode(tokenizer, item: dict) -> tuple[list[int], list[int]]:
+    """(prompt ids, response ids) for one problem; the response ends with eos."""
+    prompt = tokenizer(format_prompt(tokenizer, item["problem"]), add_special_tokens=False)
+    response = tokenizer(item["solution"], add_special_tokens=False)
+    return prompt["input_ids"], response["input_ids"] + [tokenizer.eos_token_id]
+
+
+def _batch(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch; labels are -100 on prompt and padding, so loss is on responses only."""
+    width = max(len(p) + len(r) for p, r in pairs)
+    input_ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(pairs), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(pairs), width), dtype=torch.long)
+    for row, (prompt, response) in enumerate(pairs):
+        ids = prompt + response
+        input_ids[row, :len(ids)] = torch.tensor(ids)
+        labels[row, len(prompt):len(ids)] = torch.tensor(response)
+        mask[row, :len(ids)] = 1
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+def train_stream(seed: int, levels: tuple[int, ...], n: int) -> list[dict]:
+    """The first n pretraining problems: the seeded stream minus the reserved (held-out) bucket."""
+    out = []
+    for item in iter_problems(seed, levels):
+        if not is_reserved(item["problem"]):
+            out.append(item)
+            if len(out) == n:
+                return out
+    return out
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, problems: list[dict], *, temperature: float, samples: int = 1,
+             seed: int = 0) -> dict:
+    """Mean reward over `samples` responses per problem, overall and per level."""
+    prompts = [_encode(tokenizer, p)[0] for p in problems for _ in range(samples)]
+    gens = generate(model, tokenizer, prompts, temperature=temperature, top_p=1.0,
+                    max_new_tokens=MAX_NEW_TOKENS, seed=seed, batch_size=128)
+    rewards = [score(tokenizer.decode(g.token_ids, skip_special_tokens=True), problems[i // samples]["answer"])[1]
+               for i, g in enumerate(gens)]
+    by_level: dict[int, list[float]] = {}
+    for i, reward in enumerate(rewards):
+        by_level.setdefault(problems[i // samples]["level"], []).append(reward)
+    return {"accuracy": sum(rewards) / len(rewards), "rewards": rewards,
+            "by_level": {lv: round(sum(r) / len(r), 3) for lv, r in sorted(by_level.items())}}
+
+
+def _save_atomic(out_dir: Path, model, tokenizer, meta: dict) -> None:
+    """Write into a temporary sibling, then swap it into place: readers never see a half write."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".oarctl-tmp-{out_dir.name}-{os.getpid()}"
+    old = out_dir.parent / f".oarctl-tmp-{out_dir.name}-{os.getpid()}-old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "base_policy.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if out_dir.exists():
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _command(out_dir, seed, max_steps, eval_every, target_band, lr, batch_size) -> str:
+    lo, hi = target_band
+    return (f"python -m oarctl.toy.pretrain --out {out_dir} --seed {seed} --max-steps {max_steps} "
+            f"--eval-every {eval_every} --band {lo} {hi} --lr {lr} --batch-size {batch_size}")
+
+
+def pretrain(out_dir: Path, seed: int = 0, max_steps: int = 3000, eval_every: int = 50,
+             target_band: tuple[float, float] = (0.30, 0.40), log=print, *, lr: float = 1e-3,
+             batch_size: int = 64, warmup: int = 50, n_heldout: int = 128, eval_samples: int = 4,
+             levels: tuple[int, ...] = DEFAULT_LEVELS, threads: int = 2) -> dict:
+    """Train until held-out sampled accuracy enters `target_band`; save that checkpoint + json."""
+    torch.set_num_threads(threads)
+    started = time.time()
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=seed)
+    train = train_stream(seed, levels, max_steps * batch_size)
+    heldout = generate_problems(n_heldout, seed + HELDOUT_SEED_OFFSET, levels,
+                                exclude={item["problem"] for item in train})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    log(f"toy pretrain: {parameter_count(model):,} params, vocab {len(tokenizer)}, levels {levels}, "
+        f"{n_heldout} held-out x {eval_samples} samples, band {target_band}")
+    centre, best, result = sum(target_band) / 2, None, None
+    for step in range(1, max_steps + 1):
+        model.train()
+        chunk = train[(step - 1) * batch_size:step * batch_size]
+        loss = model(**_batch([_encode(tokenizer, it) for it in chunk], tokenizer.pad_token_id)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step(), schedule.step(), optimizer.zero_grad(set_to_none=True)
+        if step % eval_every and step != max_steps:
+            continue
+        sampled = evaluate(model, tokenizer, heldout, temperature=1.0, samples=eval_samples, seed=seed)
+        greedy = evaluate(model, tokenizer, heldout, temperature=0.0, seed=seed)
+        result = {"step": step, "loss": round(loss.item(), 4), "sampled": sampled, "greedy": greedy}
+        log(f"step {step:5d}  loss {loss.item():.4f}  sampled {sampled['accuracy']:.3f} "
+            f"{sampled['by_level']}  greedy {greedy['accuracy']:.3f}  {time.time() - started:.0f}s")
+        if best is None or abs(sampled["accuracy"] - centre) < abs(best[0]["sampled"]["accuracy"] - centre):
+            best = (result, copy.deepcopy(model.state_dict()))
+        if target_band[0] <= sampled["accuracy"] <= target_band[1]:
+            break
+    in_band = target_band[0] <= best[0]["sampled"]["accuracy"] <= target_band[1]
+    if not in_band:
+        log(f"WARNING: never entered band {target_band} in {max_steps} steps; saving step "
+            f"{best[0]['step']} (sampled accuracy closest to {centre:.2f})")
+        model.load_state_dict(best[1])
+    chosen = best[0]
+    meta = {
+        "seed": seed, "steps": chosen["step"], "steps_run": result["step"],
+        "wall_seconds": round(time.time() - started, 1), "in_band": in_band,
+        "target_band": list(target_band), "sampled_accuracy": round(chosen["sampled"]["accuracy"], 4),
+        "greedy_accuracy": round(chosen["greedy"]["accuracy"], 4),
+        "sampled_by_level": chosen["sampled"]["by_level"], "greedy_by_level": chosen["greedy"]["by_level"],
+        "n_heldout": n_heldout, "eval_samples_per_problem": eval_samples,
+        "heldout_seed": seed + HELDOUT_SEED_OFFSET, "levels": list(levels),
+        "parameters": parameter_count(model), "vocab_size": len(tokenizer), "torch_threads": threads,
+        "command": _command(out_dir, seed, max_steps, eval_every, target_band, lr, batch_size),
+    }
+    model.config.use_cache = True
+    _save_atomic(Path(out_dir), model, tokenizer, meta)
+    log(f"saved {out_dir}: step {meta['steps']}, sampled {meta['sampled_accuracy']:.3f}, "
+        f"greedy {meta['greedy_accuracy']:.3f}, {meta['wall_seconds']}s")
+    return meta
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """CLI entry: `python -m oarctl.toy.pretrain --out DIR --seed N`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, default=3000)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--band", type=float, nargs=2, default=(0.30, 0.40), metavar=("LO", "HI"))
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args(argv)
+    return pretrain(args.out, seed=args.seed, max_steps=args.max_steps, eval_every=args.eval_every,
+                    target_band=tuple(args.band), lr=args.lr, batch_size=args.batch_size)
+
+
+if __name__ == "__main__":
+    main()
