@@ -61,6 +61,9 @@ def verify_checkpoint(directory: Path) -> None:
 def load_policy(directory: str | Path, device: str = "cpu"):
     """(model, tokenizer) from a model directory, weights from safetensors only."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # our own progress bars are enough
 
     directory = Path(directory)
     policy_identity(directory)  # existence and safetensors checks
@@ -107,6 +110,9 @@ def load_optimizer(optimizer: torch.optim.Optimizer, names: list[str], directory
 
 def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_names=None, extra_files=()) -> str:
     """Write a complete checkpoint into `directory` (a fresh temporary folder) and its hash manifest."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)

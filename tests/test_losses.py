@@ -146,7 +146,8 @@ def test_kl_term_is_added_per_token():
     zeros = torch.zeros(1, 3)
     reference = torch.full((1, 3), LN2)
     loss, metrics = policy_loss(
-        zeros, zeros, zeros, torch.ones(1, 3), aggregation="token-mean", max_length=3, ref_logprobs=reference, kl_coef=0.5
+        zeros, zeros, zeros, torch.ones(1, 3),
+        aggregation="token-mean", max_length=3, ref_logprobs=reference, kl_coef=0.5,
     )
     assert loss.item() == pytest.approx(0.153426, abs=1e-6)
     assert metrics["pg_loss"] == 0.0
