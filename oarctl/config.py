@@ -37,7 +37,7 @@ class DataConfig:
     heldout: str = option("toy", "held-out prompts for evaluate: 'toy' or a Parquet/JSONL file")
     toy_train_size: int = option(4096, "number of generated training problems")
     toy_heldout_size: int = option(256, "number of generated held-out problems (disjoint from train)")
-    toy_levels: list = option([1, 2, 3], "difficulty levels of the generated problems")
+    toy_levels: list = option([1, 2, 3, 4, 5], "difficulty levels of the generated problems (see oarctl/toy/task.py)")
 
 
 @dataclass

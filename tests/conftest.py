@@ -1,0 +1,180 @@
+"""Shared fixtures of the machinery tests: a tiny policy, tiny configs, the CLI in-process and as a
+subprocess.
+
+Speed: the machine has 2 shared cores, and torch's default intra-op thread pool makes a tiny model
+~7x slower when the cores are busy, so tests (and the `oarctl` subprocesses they start, which
+inherit the environment) use one torch thread.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import hashlib  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+torch.set_num_threads(1)
+
+# The policy is warm-started to answer `\boxed{1}` or `\boxed{2}` (about half each), whatever the
+# prompt, and the "signal" prompt sets below have gold answers 1 or 2: groups get mixed rewards,
+# advantages are non-zero and `update` really changes the weights, so byte-identity checks of
+# checkpoints are meaningful. With plain random weights every reward is 0 and the update is a no-op.
+TARGETS = ["\\boxed{1}", "\\boxed{2}"]
+
+
+def _warm_start(model, tokenizer, steps: int = 120, batch: int = 16) -> None:
+    from oarctl.stages.sample import prompt_token_ids
+
+    generator = torch.Generator().manual_seed(0)
+    problems = [f"Compute {a}+{b}." for a in range(10, 30) for b in range(1, 4)]
+    encoded = [prompt_token_ids(tokenizer, p) for p in problems]
+    targets = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for t in TARGETS]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        prompts = torch.randint(len(encoded), (batch,), generator=generator).tolist()
+        answers = torch.randint(len(targets), (batch,), generator=generator).tolist()
+        rows = [(encoded[p], targets[a]) for p, a in zip(prompts, answers)]
+        width = max(len(p) + len(t) for p, t in rows)
+        ids = torch.full((batch, width), tokenizer.pad_token_id, dtype=torch.long)
+        labels = torch.full((batch, width), -100, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, (p, t) in enumerate(rows):
+            ids[i, :len(p) + len(t)] = torch.tensor(p + t)
+            labels[i, len(p):len(p) + len(t)] = torch.tensor(t)
+            mask[i, :len(p) + len(t)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tmp_path_factory) -> Path:
+    """A ~40k-parameter toy Qwen2 (hidden 32, 2 layers) saved as a transformers folder."""
+    from oarctl.toy.model import build_model
+    from oarctl.toy.tokenizer import build_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2,
+                        intermediate_size=64, max_positions=128, seed=0)
+    _warm_start(model, tokenizer)
+    folder = tmp_path_factory.mktemp("tiny_policy")
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def random_policy(tmp_path_factory) -> Path:
+    """The same tiny architecture with untrained weights (rewards are ~0)."""
+    from oarctl.toy.model import build_model
+    from oarctl.toy.tokenizer import build_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2,
+                        intermediate_size=64, max_positions=128, seed=0)
+    folder = tmp_path_factory.mktemp("random_policy")
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def signal_data(tmp_path_factory) -> dict[str, Path]:
+    """JSONL prompt sets whose gold answers are 1 or 2 (what the tiny policy answers)."""
+    folder = tmp_path_factory.mktemp("signal_data")
+    paths = {}
+    for split, count, offset in (("train", 24, 40), ("heldout", 6, 80)):
+        lines = []
+        for i in range(count):
+            a, answer = offset + i, 1 + i % 2
+            lines.append(json.dumps({"id": f"{split}-{i}", "problem": f"Compute {a}-{a - answer}.",
+                                     "answer": str(answer)}))
+        paths[split] = folder / f"{split}.jsonl"
+        paths[split].write_text("\n".join(lines) + "\n")
+    return paths
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    merged = {section: dict(values) for section, values in base.items()}
+    for section, values in extra.items():
+        merged.setdefault(section, {}).update(values)
+    return merged
+
+
+@pytest.fixture
+def tiny_config(tmp_path, tiny_policy, signal_data):
+    """`tiny_config(name="tiny.yaml", signal=False, **sections)` writes a tiny YAML config.
+
+    The default data is the generated toy task (32 train / 8 held-out); `signal=True` uses the
+    JSONL sets with answers 1/2 (mixed rewards). Keyword arguments are sections merged on top.
+    """
+    def write(name: str = "tiny.yaml", signal: bool = False, **sections) -> Path:
+        document = {
+            "run": {"steps": 2, "progress": False},
+            "data": {"toy_train_size": 32, "toy_heldout_size": 8},
+            "policy": {"path": str(tiny_policy)},
+            "sample": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 16},
+            "evaluate": {"samples": 2, "max_new_tokens": 16, "pass_k": [1, 2]},
+            "update": {"mini_batch_size": 8, "micro_batch_size": 4},
+        }
+        if signal:
+            document["data"].update(train=str(signal_data["train"]), heldout=str(signal_data["heldout"]))
+        document = _merge(document, sections)
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        return path
+    return write
+
+
+@pytest.fixture
+def cli():
+    """`cli(*args)` runs `oarctl` in-process; the result has .exit_code, .stdout, .stderr."""
+    from typer.testing import CliRunner
+
+    from oarctl.cli import app
+
+    runner = CliRunner()
+
+    def invoke(*args):
+        return runner.invoke(app, [str(a) for a in args])
+    return invoke
+
+
+def oarctl_executable() -> str:
+    beside = Path(sys.executable).parent / "oarctl"
+    found = str(beside) if beside.exists() else shutil.which("oarctl")
+    if not found:
+        pytest.skip("the oarctl console script is not installed")
+    return found
+
+
+def run_oarctl(*args, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([oarctl_executable(), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def hidden_temporaries(folder: Path) -> list[Path]:
+    """Leftovers of `temporary_sibling`: hidden `.NAME.tmp-PID` files or folders."""
+    return sorted(p for p in Path(folder).rglob(".*") if ".tmp-" in p.name)
