@@ -39,7 +39,15 @@ VERIFIED = pa.schema(list(ROLLOUTS) + [
 ])
 ATTRIBUTIONS = pa.schema(list(VERIFIED) + [
     ("attribution_method", pa.string()),   # registry name of the method that scored the tokens
-    ("token_scores", FLOATS),              # raw importance score of each response token
+    ("outcome_mode", pa.string()),         # outcome definition used (last for rows without answer)
+    ("reasoning_start", pa.int32()),       # response-token spans, half-open [start, end)
+    ("reasoning_end", pa.int32()),
+    ("conclude_start", pa.int32()),        # the \boxed{ marker, or the probe when uses_probe
+    ("conclude_end", pa.int32()),
+    ("answer_start", pa.int32()),          # the rollout's own extracted answer tokens
+    ("answer_end", pa.int32()),
+    ("uses_probe", pa.bool_()),            # no answer found: the probe text was appended
+    ("token_scores", FLOATS),              # raw score per response token; NaN outside the reasoning
 ])
 ADVANTAGES = pa.schema(list(ATTRIBUTIONS) + [
     ("advantage", pa.float32()),           # sequence-level (GRPO) advantage

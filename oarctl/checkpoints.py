@@ -58,6 +58,15 @@ def verify_checkpoint(directory: Path) -> None:
             raise OarError(f"{directory}: checkpoint file {name} does not match its recorded hash (truncated or modified)")
 
 
+def load_tokenizer(directory: str | Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(Path(directory))
+    except (OSError, ValueError) as error:
+        raise OarError(f"{directory}: cannot load the tokenizer ({str(error).splitlines()[0]})") from None
+
+
 def load_policy(directory: str | Path, device: str = "cpu"):
     """(model, tokenizer) from a model directory, weights from safetensors only."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

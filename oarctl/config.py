@@ -65,7 +65,12 @@ class VerifyConfig:
 
 @dataclass
 class AttributeConfig:
-    method: str = option("uniform", "token attribution method: uniform (plain GRPO), random, entropy, ...")
+    method: str = option("uniform", "token attribution method: uniform (plain GRPO), random, entropy, oar_p, oar_g")
+    oar_p_mode: str = option("last", "OAR-P outcome: last, answer_mean, answer_joint")
+    oar_g_mode: str = option("answer_mean", "OAR-G outcome: last, answer_mean, answer_joint")
+    chunk_size: int = option(8, "OAR-P perturbations per forward pass (bounds memory; 4-16 is fastest on CPU)")
+    noise_std: float = option(1e-3, "OAR-G Gaussian noise on reasoning embeddings")
+    batch_size: int = option(8, "responses per OAR-G / entropy forward pass")
 
 
 @dataclass
@@ -206,6 +211,11 @@ def validate(config: Config) -> None:
            "update.mini_batch_size must be >= update.micro_batch_size")
     _check(config.update.epochs >= 1, "update.epochs must be >= 1")
     _check(config.update.learning_rate > 0, "update.learning_rate must be > 0")
+    modes = ("last", "answer_mean", "answer_joint")
+    _check(config.attribute.oar_p_mode in modes, f"attribute.oar_p_mode must be one of {modes}")
+    _check(config.attribute.oar_g_mode in modes, f"attribute.oar_g_mode must be one of {modes}")
+    _check(config.attribute.chunk_size >= 1, "attribute.chunk_size must be >= 1")
+    _check(config.attribute.batch_size >= 1, "attribute.batch_size must be >= 1")
     _check(0 < config.reshape.quantile < 1, "reshape.quantile must be in (0, 1)")
     _check(config.evaluate.samples >= 1, "evaluate.samples must be >= 1")
     _check(all(isinstance(k, int) and 1 <= k <= config.evaluate.samples for k in config.evaluate.pass_k),

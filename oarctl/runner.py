@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
-from oarctl.checkpoints import load_policy, policy_identity, replace_directory, save_policy, sha256_file
+from oarctl.checkpoints import load_policy, load_tokenizer, policy_identity, replace_directory, save_policy, sha256_file
 from oarctl.errors import OarError
 
 
@@ -35,6 +35,10 @@ class Policy:
         if self._loaded is None:
             self._loaded = load_policy(self.path, self.device)
         return self._loaded
+
+    def load_tokenizer(self):
+        """The tokenizer alone, for stages that need no weights (e.g. segmentation)."""
+        return self._loaded[1] if self._loaded is not None else load_tokenizer(self.path)
 
 
 @dataclass

@@ -28,6 +28,12 @@ import yaml  # noqa: E402
 
 torch.set_num_threads(1)
 
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+
 # The policy is warm-started to answer `\boxed{1}` or `\boxed{2}` (about half each), whatever the
 # prompt, and the "signal" prompt sets below have gold answers 1 or 2: groups get mixed rewards,
 # advantages are non-zero and `update` really changes the weights, so byte-identity checks of
@@ -65,7 +71,7 @@ def _warm_start(model, tokenizer, steps: int = 120, batch: int = 16) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_policy(tmp_path_factory) -> Path:
-    """A ~40k-parameter toy Qwen2 (hidden 32, 2 layers) saved as a transformers folder."""
+    """A 24k-parameter toy Qwen2 (hidden 32, 2 layers), warm-started, saved as a transformers folder."""
     from oarctl.toy.model import build_model
     from oarctl.toy.tokenizer import build_tokenizer
 
@@ -74,6 +80,7 @@ def tiny_policy(tmp_path_factory) -> Path:
     model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2,
                         intermediate_size=64, max_positions=128, seed=0)
     _warm_start(model, tokenizer)
+    _quiet_transformers()
     folder = tmp_path_factory.mktemp("tiny_policy")
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
@@ -90,6 +97,7 @@ def random_policy(tmp_path_factory) -> Path:
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=2,
                         intermediate_size=64, max_positions=128, seed=0)
+    _quiet_transformers()
     folder = tmp_path_factory.mktemp("random_policy")
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
@@ -178,3 +186,71 @@ def sha256(path: Path) -> str:
 def hidden_temporaries(folder: Path) -> list[Path]:
     """Leftovers of `temporary_sibling`: hidden `.NAME.tmp-PID` files or folders."""
     return sorted(p for p in Path(folder).rglob(".*") if ".tmp-" in p.name)
+
+
+# ---- artifact builders (valid and broken input files) -------------------------------------------
+
+def rollouts_columns(rows: int = 2) -> dict:
+    """Python columns of a small valid rollouts table (response lengths 3, 2, 3, 2, ...)."""
+    lengths = [3 if i % 2 == 0 else 2 for i in range(rows)]
+    return {
+        "prompt_id": [f"p{i // 2}" for i in range(rows)],
+        "problem": ["Compute 1+1."] * rows,
+        "answer": ["2"] * rows,
+        "sample_index": [i % 2 for i in range(rows)],
+        "prompt_token_ids": [[1, 2, 3]] * rows,
+        "response_token_ids": [list(range(10, 10 + n)) for n in lengths],
+        "response_logprobs": [[-0.5] * n for n in lengths],
+        "response_text": ["\\boxed{2}" if i % 2 == 0 else "\\boxed{3}" for i in range(rows)],
+        "finish_reason": ["stop"] * rows,
+        "temperature": [1.0] * rows,
+    }
+
+
+def write_rollouts(path: Path, rows: int = 2, **replace) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from oarctl.artifacts import make_table
+
+    columns = rollouts_columns(rows)
+    table = make_table(columns, "rollouts")
+    for name, value in replace.items():
+        index = table.column_names.index(name)
+        table = table.remove_column(index) if value is None else table.set_column(index, name, pa.array(value))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def _truncated(path: Path) -> Path:
+    write_rollouts(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def _empty_table(path: Path) -> Path:
+    import pyarrow.parquet as pq
+
+    from oarctl.artifacts import make_table
+
+    pq.write_table(make_table({k: [] for k in rollouts_columns(0)}, "rollouts"), path)
+    return path
+
+
+# name -> (writer of a broken rollouts file, substrings the error must contain besides the path)
+BAD_ROLLOUTS = {
+    "missing": (lambda p: p, ["not found"]),
+    "empty-file": (lambda p: (p.write_bytes(b""), p)[1], ["empty"]),
+    "not-parquet": (lambda p: (p.write_text("prompt_id,problem\n1,2\n"), p)[1], ["not a readable Parquet"]),
+    "truncated": (_truncated, ["not a readable Parquet"]),
+    "directory": (lambda p: (p.mkdir(), p)[1], ["directory"]),
+    "no-rows": (_empty_table, ["no rows"]),
+    "missing-column": (lambda p: write_rollouts(p, response_logprobs=None), ["'response_logprobs'", "missing"]),
+    "mistyped-column": (lambda p: write_rollouts(p, temperature=["hot", "cold"]), ["'temperature'", "string"]),
+    "mistyped-token-column": (lambda p: write_rollouts(p, response_token_ids=[["a"], ["b", "c"]]),
+                              ["'response_token_ids'"]),
+    "misaligned-tokens": (lambda p: write_rollouts(p, response_logprobs=[[-0.5] * 3, [-0.5] * 3]),
+                          ["row 1", "'response_logprobs'", "3 values for 2"]),
+}

@@ -108,10 +108,14 @@ def test_chat_template(tokenizer):
     assert text == "7*3=21. 12+21=33. \\boxed{33}"
 
 
-def test_tokenizer_save_and_autotokenizer_reload(tokenizer, tmp_path):
+@pytest.mark.parametrize("with_model_config", [False, True])
+def test_tokenizer_save_and_autotokenizer_reload(tokenizer, tmp_path, with_model_config):
+    """Next to a qwen2 config.json, AutoTokenizer rebuilds a Qwen2Tokenizer: it must not change."""
     from transformers import AutoTokenizer
 
     tokenizer.save_pretrained(tmp_path)
+    if with_model_config:
+        build_model(tokenizer).config.save_pretrained(tmp_path)
     reloaded = AutoTokenizer.from_pretrained(tmp_path)
     assert len(reloaded) == len(tokenizer)
     assert (reloaded.pad_token_id, reloaded.eos_token_id) == (tokenizer.pad_token_id, tokenizer.eos_token_id)

@@ -1,8 +1,10 @@
 """Token attribution methods: one registry, one signature.
 
-Every method maps a verified table (plus the policy in the context, if it needs one) to one raw
-score per response token. Reshaping turns scores into weights; `uniform` gives equal scores, so
-Bi-Level weights are all 1 and the update is plain GRPO.
+Every method maps segmented rollouts (`oar.Rollout`: spans and the attributed sequence), the
+verified table, the `attribute` config section and the stage context (seed, step, policy) to one
+raw score per response token: a score on reasoning tokens, NaN on the others (conclude, answer,
+closing brace, eos), which keep the plain GRPO advantage. `uniform` scores every reasoning token
+the same, so Bi-Level weights are all 1 and the update is plain GRPO.
 """
 from __future__ import annotations
 
@@ -13,15 +15,24 @@ from oarctl.registry import Registry
 ATTRIBUTION_METHODS = Registry("attribution method")
 
 
+def _on_reasoning(rollout, values: np.ndarray) -> np.ndarray:
+    full = np.full(rollout.response_length, np.nan, dtype=np.float32)
+    start, end = rollout.segments.reasoning
+    full[start:end] = values
+    return full
+
+
 @ATTRIBUTION_METHODS.register("uniform")
-def uniform(table, context) -> list[np.ndarray]:
-    """Plain GRPO: every token matters equally."""
-    return [np.ones(len(ids), dtype=np.float32) for ids in table["response_token_ids"].to_pylist()]
+def uniform(rollouts, table, config, context) -> list[np.ndarray]:
+    """Plain GRPO: every reasoning token matters equally."""
+    return [_on_reasoning(r, 1.0) for r in rollouts]
 
 
 @ATTRIBUTION_METHODS.register("random")
-def random(table, context) -> list[np.ndarray]:
+def random(rollouts, table, config, context) -> list[np.ndarray]:
     """A control: i.i.d. uniform scores, seeded by (seed, step, row)."""
-    lengths = [len(ids) for ids in table["response_token_ids"].to_pylist()]
-    return [np.random.default_rng([context.seed, context.step, row]).random(n).astype(np.float32)
-            for row, n in enumerate(lengths)]
+    return [_on_reasoning(r, np.random.default_rng([context.seed, context.step, row]).random(
+        r.segments.reasoning[1] - r.segments.reasoning[0])) for row, r in enumerate(rollouts)]
+
+
+from oarctl.attribution import oar  # noqa: E402,F401  (registers oar_p, oar_g, entropy)

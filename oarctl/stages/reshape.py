@@ -1,8 +1,10 @@
 """reshape: attributions -> advantages (sequence advantage, token weights, token advantages).
 
 The sequence advantage comes from the estimator registry (GRPO by default, groups = prompt_id).
-Token weights are Bi-Level weights of the raw scores; with mass preservation on, every sequence's
-token advantages sum to its GRPO total (advantage x length), which this stage checks.
+Token weights are Bi-Level weights of the reasoning tokens' raw scores; every other response token
+(conclude, answer, closing brace, eos) keeps weight 1. With mass preservation on, the reasoning
+weights sum to the reasoning length, so every sequence's token advantages sum to its GRPO total
+(advantage x length), which this stage checks.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from oarctl.errors import OarError
 from oarctl.reshaping import bilevel_weights
 from oarctl.runner import StageContext, StageOutput
 
-VERSION = "1"
+VERSION = "2"
 
 
 def group_ids(prompt_ids: list[str]) -> np.ndarray:
@@ -35,9 +37,11 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     groups = group_ids(table["prompt_id"].to_pylist())
     advantages = ADVANTAGE_ESTIMATORS.get(config.estimator)(rewards, groups, scale=config.scale, eps=config.eps)
     weights, per_token = [], []
-    for row, scores in enumerate(table["token_scores"].to_pylist()):
-        w = bilevel_weights(np.asarray(scores, dtype=np.float32), quantile=config.quantile, beta=config.beta,
-                            floor=config.floor, preserve_mass=config.preserve_mass)
+    spans = zip(table["reasoning_start"].to_pylist(), table["reasoning_end"].to_pylist())
+    for row, (scores, (start, end)) in enumerate(zip(table["token_scores"].to_pylist(), spans)):
+        w = np.ones(len(scores), dtype=np.float32)
+        w[start:end] = bilevel_weights(np.asarray(scores[start:end], dtype=np.float32), quantile=config.quantile,
+                                       beta=config.beta, floor=config.floor, preserve_mass=config.preserve_mass)
         weighted = token_advantages(float(advantages[row]), w)
         if config.preserve_mass:
             _check_mass(float(advantages[row]), weighted, row)

@@ -2,7 +2,8 @@
 
 Same architecture family as the real policies (RoPE, GQA-capable attention, SwiGLU, RMSNorm), so
 every code path the CLI runs on a real checkpoint is exercised; small enough that two CPU cores
-pretrain it in minutes. The defaults were measured: hidden 128 x 4 layers learns the whole task
+pretrain it in minutes. Eager attention: on 2 CPU cores it trains ~20% faster than sdpa at these
+sizes (157 vs 203 ms per 64x48-token step, measured). The defaults were measured: hidden 128 x 4 layers learns the whole task
 given more steps (the base policy is an early checkpoint), so RL is not capped by capacity.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 def build_model(tokenizer, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
                 num_kv_heads: int = 4, intermediate_size: int = 384, max_positions: int = 256,
-                attn_implementation: str = "sdpa", seed: int = 0) -> Qwen2ForCausalLM:
+                attn_implementation: str = "eager", seed: int = 0) -> Qwen2ForCausalLM:
     """Freshly initialised fp32 model whose vocabulary and special ids match `tokenizer`."""
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else pad_id  # as Qwen2

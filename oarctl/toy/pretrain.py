@@ -90,6 +90,8 @@ def _save_atomic(out_dir: Path, model, tokenizer, meta: dict) -> None:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "base_policy.json").write_text(json.dumps(meta, indent=2) + "\n")
+    for path in tmp.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600; the checkpoint ships inside the package
     if out_dir.exists():
         os.replace(out_dir, old)
     os.replace(tmp, out_dir)

@@ -1,0 +1,281 @@
+"""OAR-P, OAR-G and token entropy: one importance score per reasoning token of a rollout.
+
+Reads a causal LM (the rollout policy) and attributed sequences (prompt + reasoning + conclude +
+answer, or + probe; see `segments.py`) with absolute half-open spans; writes float32 scores, one
+per reasoning token (sections 3 and 4 of docs/oar-method.md). The registry entries at the bottom
+wrap them for the attribute stage: one score per *response* token, NaN outside the reasoning
+(conclude, answer, closing brace, eos), so reshaping must weight only the non-NaN tokens and give
+the NaN ones weight 1 (the plain advantage).
+
+OAR-P, exact and fast (the reference code materialises R full copies and all their logits):
+- the clean sequence runs once with `use_cache=True`; its key/value cache is the shared prefix;
+- perturbations run in chunks of `chunk_size` consecutive positions t1..tk: the prefix [0, t1) is
+  sliced from the clean cache and expanded to k rows, and only the suffix [t1, end) is recomputed,
+  row i with r_ti replaced by the perturbation token. Rows i > 1 recompute up to k - 1 unchanged
+  positions, the price of one rectangular batch (about k / (2 x suffix length) extra work: on a
+  CPU chunks of 4-16 are fastest, a GPU wants large ones); memory is O(chunk_size x length);
+- the vocabulary projection runs only at the outcome positions (`logits_to_keep`);
+- sequences end at the last outcome position: nothing right of it can change the outcome.
+Needs full-attention layers (a sliding-window cache does not keep the whole prefix).
+
+OAR-G: teacher outcome of the clean sequence without grad; the embeddings are a leaf tensor, seeded
+Gaussian noise is added at the reasoning positions (not for answer_joint, whose objective has a
+non-zero gradient at the clean point), J = KL(teacher || noisy) or phi_teacher - phi_noisy, and
+dJ/de comes from `torch.autograd.grad`, so parameter `.grad` is never touched (the reference calls
+`.backward()`). I_t = |sum_h dJ/de_th * e_th| with e the clean embeddings. Responses are batched
+with right padding: causal attention never lets a real token see a pad, so a padded batch gives
+the single-response scores (up to float tolerance), and each response draws its own noise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from oarctl.attribution import ATTRIBUTION_METHODS
+from oarctl.attribution import outcome
+from oarctl.attribution.segments import Segments, attributed_sequence, segment, sequence_spans
+
+# Defaults of the registry entries (section 7 of docs/oar-method.md).
+OAR_P_MODE = "last"
+OAR_G_MODE = "answer_mean"
+CHUNK_SIZE = 64
+NOISE_STD = 1e-3
+BATCH_SIZE = 8  # responses per OAR-G / entropy forward pass
+
+Span = tuple[int, int]
+Item = tuple[torch.Tensor, Span, Span]  # (input_ids (T,), reasoning span, answer span)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one response's outcome needs: effective mode, positions, targets, sequence end."""
+    mode: str
+    positions: torch.Tensor  # (K,) absolute positions whose logits define the outcome
+    answer_ids: torch.Tensor  # (A,) targets of answer_joint
+    end: int  # the sequence is cut here: positions >= end cannot change the outcome
+
+
+def _plan(input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, mode: str) -> _Plan:
+    mode = outcome.effective_mode(mode, answer_span)
+    positions = outcome.outcome_positions(answer_span, mode)
+    end = int(positions[-1]) + 1
+    if not 0 <= reasoning_span[0] <= reasoning_span[1] <= end or end > input_ids.numel():
+        raise ValueError(f"spans do not fit the sequence: reasoning {reasoning_span}, answer {answer_span}, "
+                         f"length {input_ids.numel()}")
+    return _Plan(mode, positions, input_ids[answer_span[0]:answer_span[1]].cpu(), end)
+
+
+# ---- OAR-P ---------------------------------------------------------------------------------------
+
+def _prefix_cache(cache: DynamicCache, length: int, rows: int, config) -> DynamicCache:
+    """The clean cache's first `length` positions, repeated for `rows` sequences."""
+    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+        raise NotImplementedError("OAR-P prefix reuse needs full-attention layers; this model has sliding ones")
+    if length == 0:
+        return DynamicCache(config=config)
+    data = [(layer.keys[:, :, :length].expand(rows, -1, -1, -1),
+             layer.values[:, :, :length].expand(rows, -1, -1, -1)) for layer in cache.layers]
+    return DynamicCache(data, config=config)
+
+
+def _perturbed_chunk(model, ids: torch.Tensor, cache: DynamicCache, targets: torch.Tensor, plan: _Plan,
+                     clean: torch.Tensor, perturb_token_id: int) -> torch.Tensor:
+    """Importance of each position in `targets` (consecutive), one batched suffix pass."""
+    first, rows = int(targets[0]), targets.numel()
+    suffix = ids[:, first:plan.end].repeat(rows, 1)  # (k, end - first)
+    suffix[torch.arange(rows, device=ids.device), targets - first] = perturb_token_id
+    prefix = _prefix_cache(cache, first, rows, model.config)
+    logits = model(input_ids=suffix, past_key_values=prefix, use_cache=True,
+                   logits_to_keep=(plan.positions - first).to(ids.device)).logits  # (k, K, V)
+    return outcome.importance(clean, outcome.outcome_from_logits(logits, plan.mode, plan.answer_ids), plan.mode)
+
+
+@torch.no_grad()
+def oar_p(model, input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, mode: str = "last",
+          perturb_token_id: int | None = None, chunk_size: int = CHUNK_SIZE) -> torch.Tensor:
+    """OAR-P importance (R,) of each reasoning token: KL(P || P^(t)), or phi - phi^(t)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
+    if perturb_token_id is None:
+        perturb_token_id = model.config.pad_token_id
+    if perturb_token_id is None:
+        raise ValueError("OAR-P: the model has no pad token to perturb with; pass perturb_token_id")
+    plan = _plan(input_ids, reasoning_span, answer_span, mode)
+    device = model.device
+    ids = input_ids[:plan.end].to(device).unsqueeze(0)  # (1, end)
+    clean_run = model(input_ids=ids, use_cache=True, logits_to_keep=plan.positions.to(device))
+    clean = outcome.outcome_from_logits(clean_run.logits, plan.mode, plan.answer_ids)  # (1, V) or (1,)
+    scores = [torch.zeros(0)]
+    for start in range(reasoning_span[0], reasoning_span[1], chunk_size):
+        targets = torch.arange(start, min(start + chunk_size, reasoning_span[1]), device=device)
+        scores.append(_perturbed_chunk(model, ids, clean_run.past_key_values, targets, plan, clean,
+                                       perturb_token_id).float().cpu())
+    return torch.cat(scores)
+
+
+def oar_p_batch(model, items: list[Item], mode: str = "last", perturb_token_id: int | None = None,
+                chunk_size: int = CHUNK_SIZE) -> list[torch.Tensor]:
+    """OAR-P of several responses; the batch dimension is already filled by one response's chunk."""
+    return [oar_p(model, ids, reasoning, answer, mode, perturb_token_id, chunk_size)
+            for ids, reasoning, answer in items]
+
+
+# ---- OAR-G and entropy: right-padded batches -----------------------------------------------------
+
+def _right_pad(sequences: list[torch.Tensor], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(s.numel() for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, :sequence.numel()] = sequence
+        mask[row, :sequence.numel()] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _kept_logits(model, positions: list[torch.Tensor], **inputs) -> list[torch.Tensor]:
+    """Logits (1, K_i, V) of row i at its `positions[i]`, projecting only their union."""
+    keep = torch.unique(torch.cat(positions))  # sorted
+    logits = model(**inputs, logits_to_keep=keep.to(model.device)).logits  # (B, U, V)
+    return [logits[row:row + 1, torch.searchsorted(keep, p).to(logits.device)] for row, p in enumerate(positions)]
+
+
+def _noise(plans: list[_Plan], spans: list[Span], shape, noise_std: float, seeds: list[int]) -> torch.Tensor:
+    """Per-response seeded N(0, sigma^2) at reasoning positions; drawn in float32 on the CPU so a
+    response's noise depends only on its seed, not on the device or its batch."""
+    noise = torch.zeros(shape)  # (B, T, H)
+    for row, (plan, (start, end), seed) in enumerate(zip(plans, spans, seeds)):
+        if plan.mode != "answer_joint" and end > start:
+            generator = torch.Generator().manual_seed(int(seed))
+            noise[row, start:end] = torch.randn((end - start, shape[-1]), generator=generator) * noise_std
+    return noise
+
+
+def _oar_g_chunk(model, items: list[Item], mode: str, noise_std: float, seeds: list[int]) -> list[torch.Tensor]:
+    plans = [_plan(ids, reasoning, answer, mode) for ids, reasoning, answer in items]
+    spans = [reasoning for _, reasoning, _ in items]
+    ids, mask = _right_pad([i[:p.end].cpu() for (i, _, _), p in zip(items, plans)],
+                           model.config.pad_token_id or 0, model.device)
+    positions = [p.positions for p in plans]
+    with torch.no_grad():
+        teachers = [outcome.outcome_from_logits(logits, p.mode, p.answer_ids)
+                    for logits, p in zip(_kept_logits(model, positions, input_ids=ids, attention_mask=mask), plans)]
+    embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)  # (B, T, H) leaf
+    noise = _noise(plans, spans, embeds.shape, noise_std, seeds).to(embeds.device, embeds.dtype)
+    noisy = _kept_logits(model, positions, inputs_embeds=embeds + noise, attention_mask=mask)
+    objective = sum(outcome.importance(teacher, outcome.outcome_from_logits(logits, p.mode, p.answer_ids), p.mode).sum()
+                    for teacher, logits, p in zip(teachers, noisy, plans))
+    (gradient,) = torch.autograd.grad(objective, embeds)  # never .backward(): parameter grads stay None
+    saliency = (gradient.float() * embeds.detach().float()).sum(dim=-1).abs()  # (B, T)
+    return [saliency[row, start:end].float().cpu() for row, (start, end) in enumerate(spans)]
+
+
+def oar_g_batch(model, items: list[Item], mode: str = "answer_mean", noise_std: float = NOISE_STD,
+                seeds: list[int] | None = None, batch_size: int = BATCH_SIZE) -> list[torch.Tensor]:
+    """OAR-G of several responses, `batch_size` per forward/backward; response i uses `seeds[i]`."""
+    seeds = list(range(len(items))) if seeds is None else list(seeds)
+    if len(seeds) != len(items):
+        raise ValueError(f"{len(seeds)} seeds for {len(items)} responses")
+    was_training = model.training
+    model.eval()
+    try:
+        scores = []
+        for start in range(0, len(items), batch_size):
+            scores += _oar_g_chunk(model, items[start:start + batch_size], mode, noise_std,
+                                   seeds[start:start + batch_size])
+        return scores
+    finally:
+        model.train(was_training)
+
+
+def oar_g(model, input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, mode: str = "answer_mean",
+          noise_std: float = NOISE_STD, seed: int = 0) -> torch.Tensor:
+    """OAR-G saliency (R,) of each reasoning token of one response."""
+    return oar_g_batch(model, [(input_ids, reasoning_span, answer_span)], mode, noise_std, [seed])[0]
+
+
+@torch.no_grad()
+def token_entropy_batch(model, items: list[tuple[torch.Tensor, Span]], temperatures: list[float] | None = None,
+                        batch_size: int = BATCH_SIZE) -> list[torch.Tensor]:
+    """Entropy (R,) of the distribution each reasoning token r_t was sampled from (logits at t - 1,
+    divided by the sampling temperature): high at forking tokens."""
+    temperatures = [1.0] * len(items) if temperatures is None else temperatures
+    scores = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        if any(span[0] < 1 for _, span in chunk):
+            raise ValueError("entropy needs a token before the reasoning (the prompt) to predict it")
+        ids, mask = _right_pad([i[:span[1]].cpu() for i, span in chunk], model.config.pad_token_id or 0, model.device)
+        positions = [torch.arange(s - 1, e - 1) for _, (s, e) in chunk]
+        for logits, temperature in zip(_kept_logits(model, positions, input_ids=ids, attention_mask=mask),
+                                       temperatures[start:start + batch_size]):
+            log_p = torch.log_softmax(logits[0].float() / temperature, dim=-1)  # (R, V)
+            scores.append(-(log_p.exp() * log_p).sum(dim=-1).cpu())
+    return scores
+
+
+# ---- registry entries: (table, context) -> one score per response token --------------------------
+
+@dataclass(frozen=True)
+class Rollout:
+    """One table row, segmented: the attributed sequence and its absolute spans."""
+    segments: Segments
+    input_ids: torch.Tensor  # (T,) prompt + reasoning + conclude + answer (or + probe)
+    reasoning: Span
+    answer: Span
+    response_length: int
+
+
+def segment_rows(table, tokenizer) -> list[Rollout]:
+    """Segment every row of a verified table from its sampled token ids."""
+    rows = []
+    for prompt, response in zip(table["prompt_token_ids"].to_pylist(), table["response_token_ids"].to_pylist()):
+        segments = segment(response, tokenizer)
+        spans = sequence_spans(len(prompt), segments)
+        ids = torch.tensor(attributed_sequence(prompt, response, segments), dtype=torch.long)
+        rows.append(Rollout(segments, ids, spans["reasoning"], spans["answer"], len(response)))
+    return rows
+
+
+def _per_response_token(rollout: Rollout, scores: torch.Tensor) -> np.ndarray:
+    """Reasoning scores in place, NaN on the other response tokens (they keep the plain advantage)."""
+    full = np.full(rollout.response_length, np.nan, dtype=np.float32)
+    start, end = rollout.segments.reasoning
+    full[start:end] = scores.numpy().astype(np.float32)
+    return full
+
+
+def row_seed(seed: int, step: int, row: int) -> int:
+    """The OAR-G noise seed of one row: independent streams per (run seed, step, row)."""
+    return int(np.random.SeedSequence([seed, step, row]).generate_state(1)[0])
+
+
+@ATTRIBUTION_METHODS.register("oar_p")
+def oar_p_method(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
+    """OAR-P: KL (or answer log-likelihood drop) when a reasoning token is replaced by the pad token."""
+    model, tokenizer = context.policy.load()
+    scores = oar_p_batch(model, [(r.input_ids, r.reasoning, r.answer) for r in rollouts], config.oar_p_mode,
+                         tokenizer.pad_token_id, config.chunk_size)
+    return [_per_response_token(r, s) for r, s in zip(rollouts, scores)]
+
+
+@ATTRIBUTION_METHODS.register("oar_g")
+def oar_g_method(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
+    """OAR-G: gradient x input saliency of the outcome (`last` for rows without answer tokens)."""
+    model, _ = context.policy.load()
+    seeds = [row_seed(context.seed, context.step, index) for index in range(len(rollouts))]
+    scores = oar_g_batch(model, [(r.input_ids, r.reasoning, r.answer) for r in rollouts], config.oar_g_mode,
+                         config.noise_std, seeds, batch_size=config.batch_size)
+    return [_per_response_token(r, s) for r, s in zip(rollouts, scores)]
+
+
+@ATTRIBUTION_METHODS.register("entropy")
+def entropy_method(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
+    """Next-token entropy at each reasoning token, at the row's sampling temperature (0 -> 1)."""
+    model, _ = context.policy.load()
+    temperatures = [t if t and t > 0 else 1.0 for t in table["temperature"].to_pylist()]
+    scores = token_entropy_batch(model, [(r.input_ids, r.reasoning) for r in rollouts], temperatures,
+                                 batch_size=config.batch_size)
+    return [_per_response_token(r, s) for r, s in zip(rollouts, scores)]
