@@ -134,6 +134,11 @@ def _coerce(value, expected: type, where: str):
     """Check one value against its declared type; ints are accepted where floats are expected."""
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if expected is float and isinstance(value, str):  # YAML 1.1 reads `3e-5` (no dot) as text
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if expected is list and isinstance(value, list):
         return value
     if type(value) is not expected:

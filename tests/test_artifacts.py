@@ -85,9 +85,16 @@ def test_reward_as_numeric_text_is_refused(tmp_path):
         read_artifact(path, "verified")
 
 
+def attributions_table(**columns) -> pa.Table:
+    """A verified table extended to the attributions schema; columns not given are null."""
+    verified = verified_table()
+    extra = {f.name: [None] * verified.num_rows for f in SCHEMAS["attributions"] if f.name not in verified.column_names}
+    extra.update(columns)
+    return extend_table(verified, extra, "attributions")
+
+
 def test_misaligned_token_scores_name_the_row(tmp_path):
-    table = extend_table(verified_table(), {"attribution_method": ["uniform"] * 2,
-                                            "token_scores": [[1.0, 1.0, 1.0], [1.0]]}, "attributions")
+    table = attributions_table(attribution_method=["uniform"] * 2, token_scores=[[1.0, 1.0, 1.0], [1.0]])
     path = tmp_path / "a.parquet"
     pq.write_table(table, path)
     with pytest.raises(OarError, match=r"row 1: column 'token_scores' has 1 values for 2 response tokens"):

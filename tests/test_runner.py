@@ -12,7 +12,7 @@ import torch
 
 from conftest import hidden_temporaries, sha256, write_rollouts
 from oarctl import pipeline
-from oarctl.config import load_config
+from oarctl.config import load_config, section_dict
 from oarctl.errors import OarError
 from oarctl.pipeline import run_stage, stage_state
 from oarctl.runner import manifest_path, read_manifest
@@ -72,13 +72,14 @@ def test_second_run_is_a_cache_hit(settings, rollouts, tmp_path, spy):
 
 def test_manifest_records_key_parts_and_output_hash(settings, rollouts, tmp_path):
     output = tmp_path / "verified.parquet"
-    manifest, _ = verify(settings(), rollouts, output)
+    config = settings()
+    manifest, _ = verify(config, rollouts, output)
     assert manifest_path(output) == tmp_path / "verified.parquet.manifest.json"
     on_disk = json.loads(manifest_path(output).read_text())
     assert on_disk["key"] == manifest["key"] and on_disk["stage"] == "verify"
     assert on_disk["output_sha256"] == sha256(output)
     assert on_disk["key_parts"]["inputs"] == {"rollouts": sha256(rollouts)}
-    assert on_disk["key_parts"]["config"] == {"method": "boxed"}
+    assert on_disk["key_parts"]["config"] == section_dict(config, "verify")
     assert on_disk["metrics"]["reward_mean"] == pytest.approx(0.5)
     assert {"finished_at", "wall_seconds"} <= set(on_disk)
 

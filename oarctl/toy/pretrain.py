@@ -104,11 +104,33 @@ def _command(out_dir, seed, max_steps, eval_every, target_band, lr, batch_size) 
             f"--eval-every {eval_every} --band {lo} {hi} --lr {lr} --batch-size {batch_size}")
 
 
+def _train_step(model, tokenizer, optimizer, schedule, chunk: list[dict]) -> float:
+    """One AdamW step on a batch, response-token loss (token mean), grad-norm clipped at 1."""
+    model.train()
+    loss = model(**_batch([_encode(tokenizer, it) for it in chunk], tokenizer.pad_token_id)).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def _metadata(chosen: dict, **fields) -> dict:
+    """base_policy.json: how the checkpoint was chosen, how good it is, how to rebuild it."""
+    return {
+        "seed": fields.pop("seed"), "steps": chosen["step"], **fields,
+        "sampled_accuracy": round(chosen["sampled"]["accuracy"], 4),
+        "greedy_accuracy": round(chosen["greedy"]["accuracy"], 4),
+        "sampled_by_level": chosen["sampled"]["by_level"], "greedy_by_level": chosen["greedy"]["by_level"],
+    }
+
+
 def pretrain(out_dir: Path, seed: int = 0, max_steps: int = 3000, eval_every: int = 25,
              target_band: tuple[float, float] = (0.30, 0.40), log=print, *, lr: float = 1e-3,
              batch_size: int = 64, warmup: int = 50, n_heldout: int = 128, eval_samples: int = 4,
              levels: tuple[int, ...] = DEFAULT_LEVELS, threads: int = 2) -> dict:
-    """Train until held-out sampled accuracy enters `target_band`; save that checkpoint + json."""
+    """Train until held-out sampled accuracy reaches `target_band`; save that checkpoint + json."""
     torch.set_num_threads(threads)
     started = time.time()
     tokenizer = build_tokenizer()
@@ -120,45 +142,34 @@ def pretrain(out_dir: Path, seed: int = 0, max_steps: int = 3000, eval_every: in
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     log(f"toy pretrain: {parameter_count(model):,} params, vocab {len(tokenizer)}, levels {levels}, "
         f"{n_heldout} held-out x {eval_samples} samples, band {target_band}")
-    centre, best, result = sum(target_band) / 2, None, None
-    for step in range(1, max_steps + 1):
-        model.train()
-        chunk = train[(step - 1) * batch_size:step * batch_size]
-        loss = model(**_batch([_encode(tokenizer, it) for it in chunk], tokenizer.pad_token_id)).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step(), schedule.step(), optimizer.zero_grad(set_to_none=True)
+    centre, best, step = sum(target_band) / 2, None, 0
+    while step < max_steps:
+        step += 1
+        loss = _train_step(model, tokenizer, optimizer, schedule, train[(step - 1) * batch_size:step * batch_size])
         if step % eval_every and step != max_steps:
             continue
         sampled = evaluate(model, tokenizer, heldout, temperature=1.0, samples=eval_samples, seed=seed)
         greedy = evaluate(model, tokenizer, heldout, temperature=0.0, seed=seed)
-        result = {"step": step, "loss": round(loss.item(), 4), "sampled": sampled, "greedy": greedy}
-        log(f"step {step:5d}  loss {loss.item():.4f}  sampled {sampled['accuracy']:.3f} "
+        log(f"step {step:5d}  loss {loss:.4f}  sampled {sampled['accuracy']:.3f} "
             f"{sampled['by_level']}  greedy {greedy['accuracy']:.3f}  {time.time() - started:.0f}s")
         if best is None or abs(sampled["accuracy"] - centre) < abs(best[0]["sampled"]["accuracy"] - centre):
-            best = (result, copy.deepcopy(model.state_dict()))
+            best = ({"step": step, "sampled": sampled, "greedy": greedy}, copy.deepcopy(model.state_dict()))
         if sampled["accuracy"] >= target_band[0]:
             break  # in the band, or jumped past it: SFT accuracy only rises, so stop either way
     in_band = target_band[0] <= best[0]["sampled"]["accuracy"] <= target_band[1]
     note = "first evaluation inside the target band"
     if not in_band:
-        note = (f"no evaluation inside band {target_band} ({result['step']} steps run); saved step "
+        note = (f"no evaluation inside band {target_band} ({step} steps run); saved step "
                 f"{best[0]['step']}, the sampled accuracy closest to {centre:.2f}")
         log(f"WARNING: {note}")
         model.load_state_dict(best[1])
-    chosen = best[0]
-    meta = {
-        "seed": seed, "steps": chosen["step"], "steps_run": result["step"],
-        "wall_seconds": round(time.time() - started, 1), "in_band": in_band, "note": note,
-        "target_band": list(target_band), "sampled_accuracy": round(chosen["sampled"]["accuracy"], 4),
-        "greedy_accuracy": round(chosen["greedy"]["accuracy"], 4),
-        "sampled_by_level": chosen["sampled"]["by_level"], "greedy_by_level": chosen["greedy"]["by_level"],
-        "n_heldout": n_heldout, "eval_samples_per_problem": eval_samples,
-        "heldout_seed": seed + HELDOUT_SEED_OFFSET, "levels": list(levels),
-        "parameters": parameter_count(model), "vocab_size": len(tokenizer), "torch_threads": threads,
-        "command": _command(out_dir, seed, max_steps, eval_every, target_band, lr, batch_size),
-    }
-    model.config.use_cache = True
+    meta = _metadata(
+        best[0], seed=seed, steps_run=step, wall_seconds=round(time.time() - started, 1),
+        in_band=in_band, note=note, target_band=list(target_band), n_heldout=n_heldout,
+        eval_samples_per_problem=eval_samples, heldout_seed=seed + HELDOUT_SEED_OFFSET,
+        levels=list(levels), parameters=parameter_count(model), vocab_size=len(tokenizer),
+        torch_threads=threads,
+        command=_command(out_dir, seed, max_steps, eval_every, target_band, lr, batch_size))
     _save_atomic(Path(out_dir), model, tokenizer, meta)
     log(f"saved {out_dir}: step {meta['steps']}, sampled {meta['sampled_accuracy']:.3f}, "
         f"greedy {meta['greedy_accuracy']:.3f}, {meta['wall_seconds']}s")
