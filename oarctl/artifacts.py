@@ -97,11 +97,49 @@ def _open_parquet(path: Path) -> pa.Table:
         raise OarError(f"{path}: not a readable Parquet file ({str(error).splitlines()[0]})") from None
 
 
+NULLABLE = {"extracted_answer", "outcome_mode"}
+
+
+def _numeric_family(data_type) -> str | None:
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        inner = _numeric_family(data_type.value_type)
+        return None if inner is None else "list of " + inner
+    if pa.types.is_integer(data_type):
+        return "integer"
+    if pa.types.is_floating(data_type):
+        return "number"
+    return None
+
+
+def _castable(actual, expected) -> bool:
+    """Widening within numbers (int64 -> int32, double -> float32, int -> float) is fine; text is not."""
+    if pa.types.is_string(expected) or pa.types.is_boolean(expected):
+        return pa.types.is_large_string(actual) if pa.types.is_string(expected) else False
+    actual_family, expected_family = _numeric_family(actual), _numeric_family(expected)
+    if actual_family is None or expected_family is None:
+        return False
+    return actual_family == expected_family or (actual_family, expected_family) in {
+        ("integer", "number"), ("list of integer", "list of number")}
+
+
+def _check_nulls(table: pa.Table, path: Path, name: str) -> None:
+    column = table[name]
+    if name not in NULLABLE and column.null_count:
+        row = column.is_null().to_pylist().index(True)
+        raise OarError(f"{path}: row {row}: column {name!r} is null")
+    if pa.types.is_list(column.type) and pc.list_flatten(column).null_count:
+        row = next(i for i, values in enumerate(column.to_pylist()) if values and None in values)
+        raise OarError(f"{path}: row {row}: column {name!r} holds a null value")
+
+
 def _check_columns(table: pa.Table, schema: pa.Schema, path: Path, kind: str) -> pa.Table:
     for expected in schema:
         if expected.name not in table.column_names:
             raise OarError(f"{path}: missing column {expected.name!r} (expected a {kind} file)")
         actual = table.schema.field(expected.name).type
+        if actual != expected.type and not _castable(actual, expected.type):
+            raise OarError(f"{path}: column {expected.name!r} has type {actual}, expected {expected.type}")
+        _check_nulls(table, path, expected.name)
         if actual != expected.type:
             try:
                 table = table.set_column(table.column_names.index(expected.name), expected.name,
@@ -165,6 +203,8 @@ def write_parquet(table: pa.Table, path: str | Path) -> None:
         with open(temporary, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(temporary, path)
-    except OSError as error:
+    except BaseException as error:  # Ctrl-C or an Arrow error too: never leave the temporary behind
         temporary.unlink(missing_ok=True)
-        raise OarError(f"{path}: cannot write ({error.strerror or error})") from None
+        if isinstance(error, OSError):
+            raise OarError(f"{path}: cannot write ({error.strerror or error})") from None
+        raise

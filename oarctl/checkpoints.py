@@ -47,6 +47,9 @@ def policy_identity(directory: str | Path) -> str:
 
 
 def verify_checkpoint(directory: Path) -> None:
+    if (directory / "PRUNED").exists():
+        raise OarError(f"{directory}: this checkpoint's weights were pruned (run.keep_checkpoints); "
+                       "raise run.keep_checkpoints and rerun with --force to rebuild it")
     manifest = directory / MANIFEST
     if not manifest.exists():
         return  # a model directory we did not write (the embedded default, a hub snapshot)

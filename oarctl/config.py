@@ -226,6 +226,30 @@ def validate(config: Config) -> None:
     _check(all(isinstance(k, int) and 1 <= k <= config.evaluate.samples for k in config.evaluate.pass_k),
            "evaluate.pass_k values must be integers between 1 and evaluate.samples")
     _check(config.policy.backend in ("transformers",), "policy.backend must be 'transformers'")
+    _check(config.run.seed >= 0, "run.seed must be >= 0")
+    _check(config.policy.threads >= 0, "policy.threads must be >= 0")
+    _check(config.sample.batch_size >= 1, "sample.batch_size must be >= 1")
+    _check(config.evaluate.batch_size >= 1, "evaluate.batch_size must be >= 1")
+    _check(config.evaluate.max_new_tokens >= 1, "evaluate.max_new_tokens must be >= 1")
+    _check(config.update.sum_norm_length >= 1, "update.sum_norm_length must be >= 1")
+    _check_names(config)
+
+
+def _check_names(config: Config) -> None:
+    """Registry names, checked at load so a typo fails before any stage runs."""
+    from oarctl.advantages import ADVANTAGE_ESTIMATORS
+    from oarctl.attribution import ATTRIBUTION_METHODS
+    from oarctl.losses import LOSS_AGGREGATIONS
+    from oarctl.verify import CHECKERS
+
+    for option_name, value, registry in (
+            ("attribute.method", config.attribute.method, ATTRIBUTION_METHODS),
+            ("reshape.estimator", config.reshape.estimator, ADVANTAGE_ESTIMATORS),
+            ("update.loss_aggregation", config.update.loss_aggregation, LOSS_AGGREGATIONS),
+            ("verify.method", config.verify.method, CHECKERS),
+            ("evaluate.checker", config.evaluate.checker, CHECKERS)):
+        _check(value in registry, f"{option_name}: unknown {registry.kind} {value!r}; "
+                                  f"choose one of: {', '.join(registry.names())}")
 
 
 def section_dict(config: Config, section: str) -> dict:

@@ -21,7 +21,8 @@ import yaml
 from oarctl import config as config_module
 from oarctl.artifacts import temporary_sibling, write_parquet
 from oarctl.errors import OarError
-from oarctl.runner import Policy, StageContext, key_parts, read_manifest, run_cached, why_stale
+from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
+                           why_stale)
 from oarctl.stages import attribute, evaluate, reshape, sample, update, verify
 
 
@@ -56,6 +57,9 @@ def resolve_policy_path(path: str) -> Path:
 
 
 def _stage_context(name: str, config, step: int, policy_path: Path | None) -> StageContext:
+    if config.policy.threads:
+        import torch
+        torch.set_num_threads(config.policy.threads)
     uses_reference = name == "update" and config.update.kl_coef > 0
     return StageContext(
         seed=config.run.seed, step=step, progress=config.run.progress,
@@ -99,6 +103,7 @@ def prepare_run_dir(run_dir: Path, config) -> dict[str, Path]:
     from oarctl.data import load_prompts
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    sweep_dead_temporaries(run_dir)
     _write_text_atomically(run_dir / "config.yaml", yaml.safe_dump(config_module.to_dict(config), sort_keys=False))
     paths = {}
     for split, source in (("train", config.data.train), ("heldout", config.data.heldout)):
@@ -133,11 +138,17 @@ def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force
     return metrics
 
 
-def _prune(run_dir: Path, step: int, keep: int) -> None:
+def _evaluated(step: int, config) -> bool:
+    return step + 1 == config.run.steps or bool(config.run.eval_every and (step + 1) % config.run.eval_every == 0)
+
+
+def _prune(run_dir: Path, step: int, config) -> None:
+    """Drop old weights, except those of evaluated steps (a changed evaluate config reruns on them)."""
     from oarctl.checkpoints import prune
 
-    old = step_dir(run_dir, step - keep) / "policy"
-    if step - keep >= 0 and old.is_dir() and not (old / "PRUNED").exists():
+    old_step = step - config.run.keep_checkpoints
+    old = step_dir(run_dir, old_step) / "policy"
+    if old_step >= 0 and not _evaluated(old_step, config) and old.is_dir() and not (old / "PRUNED").exists():
         prune(old)
 
 
@@ -160,12 +171,12 @@ def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
             line.update(_flatten(name, values))
         lines.append(line)
         log(_step_summary(step, steps, line))
-        if step + 1 == steps or (config.run.eval_every and (step + 1) % config.run.eval_every == 0):
+        if _evaluated(step, config):
             output = run_dir / "eval" / f"step_{step:04d}.parquet"
             lines.append({"kind": "eval", "after_steps": step + 1,
                           **_flatten("eval", _evaluate(config, data["heldout"], policy, output, force, log))})
         _write_text_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
-        _prune(run_dir, step, config.run.keep_checkpoints)
+        _prune(run_dir, step, config)
     _write_text_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
     evals = [x for x in lines if x["kind"] == "eval"]
     return {"base": evals[0], "final": evals[-1], "policy": str(policy)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -57,6 +58,36 @@ class StageOutput:
     trained: object | None = None  # update only: (model, tokenizer, optimizer, parameter names)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_if_dead(leftover: Path) -> None:
+    pid = leftover.name.rsplit("-", 1)[-1]
+    if pid.isdigit() and not _alive(int(pid)):
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+
+
+def remove_dead_temporaries(output: Path) -> None:
+    """Delete `.NAME.tmp-PID` leftovers of writers that were killed (their PID is gone)."""
+    for name in (output.name, manifest_path(output).name):
+        for leftover in output.parent.glob(f".{name}.tmp-*"):
+            _remove_if_dead(leftover)
+
+
+def sweep_dead_temporaries(folder: Path) -> None:
+    """The same for a whole run folder, once when a run (re)starts."""
+    for leftover in sorted(folder.rglob(".*.tmp-*"), key=lambda p: len(p.parts), reverse=True):
+        if leftover.exists():
+            _remove_if_dead(leftover)
+
+
 def manifest_path(output: Path) -> Path:
     return output.with_name(output.name + ".manifest.json")
 
@@ -65,8 +96,14 @@ def _canonical_hash(document: dict) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _input_hash(path: Path) -> str:
+    if not path.is_file():
+        raise OarError(f"{path}: {'is a directory, expected a Parquet file' if path.is_dir() else 'file not found'}")
+    return sha256_file(path)
+
+
 def key_parts(stage, section: dict, input_paths: dict[str, Path], context: StageContext) -> dict:
-    inputs = {name: sha256_file(path) for name, path in sorted(input_paths.items())}
+    inputs = {name: _input_hash(path) for name, path in sorted(input_paths.items())}
     if context.policy is not None:
         inputs["policy"] = context.policy.identity
     if context.reference is not None:
@@ -130,9 +167,10 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
     reason = "forced" if force else why_stale(output, parts)
     if reason is None:
         return read_manifest(output), False
+    inputs = {name: read_artifact(path, stage.inputs[name]) for name, path in input_paths.items()}
     log(f"[{stage.name}] {output} ({reason})")
     manifest_path(output).unlink(missing_ok=True)  # the old output is no longer vouched for
-    inputs = {name: read_artifact(path, stage.inputs[name]) for name, path in input_paths.items()}
+    remove_dead_temporaries(output)
     started = time.perf_counter()
     result = stage.function(inputs, section_config, context)
     output_hash = _write_outputs(stage, result, output)

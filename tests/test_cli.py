@@ -25,14 +25,7 @@ def assert_user_error(result, *, names=()):
     return errors[0]
 
 
-HASHED_BEFORE_CHECKED = pytest.mark.xfail(
-    reason="BUG: runner.key_parts hashes the input (sha256_file) before read_artifact checks it, so a "
-           "missing input or a directory is a FileNotFoundError/IsADirectoryError traceback, exit 1",
-    strict=True)
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=HASHED_BEFORE_CHECKED) if n in ("missing", "directory")
-                                  else n for n in sorted(BAD_ROLLOUTS)])
+@pytest.mark.parametrize("name", sorted(BAD_ROLLOUTS))
 def test_verify_bad_input_exits_2_without_output(cli, tmp_path, name):
     writer, expected = BAD_ROLLOUTS[name]
     bad = writer(tmp_path / "bad.parquet")
@@ -44,9 +37,6 @@ def test_verify_bad_input_exits_2_without_output(cli, tmp_path, name):
     assert hidden_temporaries(tmp_path) == []
 
 
-@pytest.mark.xfail(reason="BUG: run_cached logs '[verify] OUT (not run)' to stderr before it reads the "
-                          "inputs, so a bad input file prints two stderr lines, not one `error:` line",
-                   strict=True)
 @pytest.mark.parametrize("name", ["not-parquet", "misaligned-tokens"])
 def test_verify_bad_input_prints_exactly_one_stderr_line(cli, tmp_path, name):
     bad = BAD_ROLLOUTS[name][0](tmp_path / "bad.parquet")
@@ -55,9 +45,6 @@ def test_verify_bad_input_prints_exactly_one_stderr_line(cli, tmp_path, name):
     assert len(stderr_lines(result)) == 1 and result.stderr.startswith("error: "), result.stderr
 
 
-@pytest.mark.xfail(reason="BUG: read_artifact does not check for nulls, so a null response_text (or null "
-                          "token list) passes the checks and the stage crashes with a traceback "
-                          "(AttributeError in boxed.extract / TypeError in _check_alignment)", strict=True)
 @pytest.mark.parametrize("column", ["response_text", "response_token_ids"])
 def test_null_values_in_required_columns_are_user_errors(cli, tmp_path, column):
     if column == "response_text":

@@ -130,18 +130,12 @@ def test_range_checks_see_the_merged_config(tmp_path):
     assert load_config(path, ["evaluate.pass_k=[1, 8]"]).evaluate.pass_k == [1, 8]
 
 
-@pytest.mark.xfail(reason="BUG: values that crash a stage later with a traceback pass validate(): "
-                          "batch_size 0 (range() step 0 in generate), a negative seed "
-                          "(numpy default_rng rejects it in sample/update)", strict=True)
 @pytest.mark.parametrize("override", ["sample.batch_size=0", "evaluate.batch_size=0", "run.seed=-1"])
 def test_values_that_would_crash_a_stage_are_rejected_when_loaded(override):
     with pytest.raises(OarError):
         load_config(None, [override])
 
 
-@pytest.mark.xfail(reason="BUG: validate() promises 'names are checked against the registries' but only "
-                          "checks policy.backend; a bad attribute.method (etc.) fails mid-run, after "
-                          "the base evaluation and the step's sample/verify stages ran", strict=True)
 @pytest.mark.parametrize("override", ["attribute.method=bogus", "reshape.estimator=bogus",
                                       "update.loss_aggregation=bogus", "verify.method=bogus"])
 def test_registry_names_are_checked_when_loaded(override):

@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from oarctl.attribution import ATTRIBUTION_METHODS, outcome
 from oarctl.attribution import oar
+from oarctl.config import load_config
 from oarctl.attribution.segments import (PROBE_TEXT, attributed_sequence, segment, sequence_spans,
                                          token_offsets)
 from oarctl.toy.tokenizer import build_tokenizer
@@ -313,7 +314,8 @@ def test_registry_entries_score_every_response_token(model, tokenizer, method):
     table = pa.table({"prompt_token_ids": [prompt] * 2, "response_token_ids": responses,
                       "temperature": [1.0, 0.0]})
     context = SimpleNamespace(seed=0, step=1, policy=SimpleNamespace(load=lambda: (model, tokenizer)))
-    scores = ATTRIBUTION_METHODS.get(method)(table, context)
+    config = load_config(None, ["attribute.chunk_size=3"]).attribute
+    scores = ATTRIBUTION_METHODS.get(method)(oar.segment_rows(table, tokenizer), table, config, context)
     for response, row in zip(responses, scores):
         assert row.dtype == np.float32 and row.shape == (len(response),)
         reasoning_end = segment(response, tokenizer).reasoning[1]

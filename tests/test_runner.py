@@ -212,7 +212,7 @@ def test_a_refused_input_leaves_an_old_output_unvouched(settings, rollouts, tmp_
     rollouts.write_text("garbage")
     with pytest.raises(OarError, match="not a readable Parquet"):
         verify(config, rollouts, output)
-    assert stage_state("verify", config, {"rollouts": rollouts}, output) == "incomplete (no manifest)"
+    assert stage_state("verify", config, {"rollouts": rollouts}, output) == "changed: input rollouts"
 
 
 def run_chain(config, rollouts, folder, policy):
@@ -274,10 +274,6 @@ def test_tampered_checkpoint_is_refused(settings, rollouts, tmp_path, tiny_polic
     assert not (tmp_path / "next").exists()
 
 
-@pytest.mark.xfail(reason="BUG: nothing removes the hidden .NAME.tmp-PID files/folders a killed run leaves "
-                          "(write_parquet, _write_manifest, _write_outputs use the PID of the writer), so "
-                          "every kill during a write leaks one, a whole policy folder for `update`",
-                   strict=True)
 def test_stale_temporaries_of_a_dead_process_are_cleaned_up(settings, rollouts, tmp_path, tiny_policy):
     config = settings()
     advantages = run_chain(config, rollouts, tmp_path, tiny_policy)
@@ -291,8 +287,6 @@ def test_stale_temporaries_of_a_dead_process_are_cleaned_up(settings, rollouts, 
     assert hidden_temporaries(tmp_path) == []
 
 
-@pytest.mark.xfail(reason="BUG: policy.threads is documented ('torch CPU threads') but never read; "
-                          "torch keeps its default thread count", strict=True)
 def test_policy_threads_option_is_applied(settings, tmp_path, monkeypatch):
     prompts = tmp_path / "prompts.parquet"
     from oarctl.artifacts import write_parquet

@@ -66,10 +66,6 @@ class CountingText(str):
         return str.__getitem__(self, index)
 
 
-@pytest.mark.xfail(reason="BUG: boxed_span rescans to the end of the text from every earlier \\boxed{ when "
-                          "the last one is unbalanced: quadratic time (2000 open boxes take seconds), "
-                          "against the docstring's 'safe on untrusted model output, needs no timeout'",
-                   strict=True)
 def test_scan_is_linear_in_the_text_length():
     text = CountingText("\\boxed{" * 300 + "1")
     CountingText.lookups = 0

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from oarctl.attribution import ATTRIBUTION_METHODS
 from oarctl.attribution import outcome
@@ -72,6 +71,7 @@ def _plan(input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, mode
 
 def _prefix_cache(cache: DynamicCache, length: int, rows: int, config) -> DynamicCache:
     """The clean cache's first `length` positions, repeated for `rows` sequences."""
+    from transformers import DynamicCache  # lazy: importing the registry must stay cheap
     if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
         raise NotImplementedError("OAR-P prefix reuse needs full-attention layers; this model has sliding ones")
     if length == 0:

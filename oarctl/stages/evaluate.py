@@ -14,7 +14,7 @@ from oarctl.metrics import group_metrics
 from oarctl.policy.transformers_backend import generate
 from oarctl.runner import StageContext, StageOutput
 from oarctl.stages.sample import prompt_token_ids
-from oarctl.stages.verify import CHECKERS
+from oarctl.verify import CHECKERS
 
 VERSION = "1"
 

@@ -7,13 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from oarctl.artifacts import extend_table
-from oarctl.registry import Registry
 from oarctl.runner import StageContext, StageOutput
-from oarctl.verify import boxed
+from oarctl.verify import CHECKERS
 
 VERSION = "1"
-CHECKERS = Registry("verify method")
-CHECKERS.register("boxed")(boxed.score)
 
 
 def run(inputs, config, context: StageContext) -> StageOutput:

@@ -8,17 +8,28 @@ BOXED = "\\boxed{"
 
 
 def boxed_span(text: str) -> tuple[int, int] | None:
-    """Character span (start, end) of the content of the last balanced \\boxed{...}, or None."""
-    start = text.rfind(BOXED)
-    while start != -1:
-        depth, position = 1, start + len(BOXED)
-        while position < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[position], 0)
-            position += 1
-        if depth == 0:
-            return start + len(BOXED), position - 1
-        start = text.rfind(BOXED, 0, start)  # unbalanced: try an earlier box
-    return None
+    """Character span (start, end) of the content of the last-opened balanced \\boxed{...}, or None.
+
+    One pass with a stack of open braces (None for a plain brace, the content start for a box),
+    so hostile text with thousands of unclosed boxes stays linear.
+    """
+    stack: list[int | None] = []
+    best: tuple[int, int] | None = None
+    position = 0
+    while position < len(text):
+        if text.startswith(BOXED, position):
+            position += len(BOXED)
+            stack.append(position)
+            continue
+        character = text[position]
+        if character == "{":
+            stack.append(None)
+        elif character == "}" and stack:
+            opened = stack.pop()
+            if opened is not None and (best is None or opened > best[0]):
+                best = (opened, position)
+        position += 1
+    return best
 
 
 def extract_boxed(text: str) -> str | None:
