@@ -130,9 +130,12 @@ def run(config: Optional[Path] = ConfigOption, run_dir: Optional[Path] = typer.O
     folder = run_dir or Path("runs") / (config.stem if config else "default")
     started = time.perf_counter()
     summary = run_loop(settings, folder, force=force, log=_log)
-    base, final = summary["base"]["eval/greedy_accuracy"], summary["final"]["eval/greedy_accuracy"]
+    base, final = summary["base"], summary["final"]
+    sampled = next(key for key in base if key.startswith("eval/avg@"))
     typer.echo(f"run folder: {folder}  ({time.perf_counter() - started:.0f} s)")
-    typer.echo(f"held-out accuracy: base {100 * base:.1f}% -> trained {100 * final:.1f}%")
+    typer.echo(f"held-out accuracy: base {100 * base['eval/greedy_accuracy']:.1f}% -> trained "
+               f"{100 * final['eval/greedy_accuracy']:.1f}% (greedy; sampled {sampled[5:]} "
+               f"{100 * base[sampled]:.1f}% -> {100 * final[sampled]:.1f}%)")
 
 
 @app.command()

@@ -22,13 +22,17 @@ def toy_prompts(split: str, count: int, levels, seed: int = 0) -> pa.Table:
     from oarctl.toy.task import is_reserved, iter_problems
 
     want_reserved = split == "heldout"
-    rows, seen = [], set()
+    rows, seen, draws = [], set(), 0
     for item in iter_problems(seed * 10 + TOY_SEEDS[split], tuple(levels)):
+        draws += 1
         if is_reserved(item["problem"]) == want_reserved and item["problem"] not in seen:
             seen.add(item["problem"])
             rows.append({"prompt_id": f"toy-{split}-{len(rows)}", **item})
         if len(rows) == count:
             break
+        if draws > 200 * count + 10_000:  # the levels' problem space is smaller than asked
+            raise OarError(f"data.toy_{split}_size: only {len(rows)} distinct {split} problems found "
+                           f"for levels {list(levels)}; ask for fewer")
     return make_table({k: [r[k] for r in rows] for k in ("prompt_id", "problem", "answer")}, "prompts")
 
 

@@ -206,4 +206,8 @@ def run_status(run_dir: Path, config) -> list[tuple[str, str, str]]:
                                                         step=step, policy_path=policy)))
             previous = output
         policy = folder / "policy"
+        if _evaluated(step, config):
+            output = run_dir / "eval" / f"step_{step:04d}.parquet"
+            rows.append((f"eval/{folder.name}", "evaluate",
+                         stage_state("evaluate", config, {"prompts": heldout}, output, policy_path=policy)))
     return rows

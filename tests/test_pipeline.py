@@ -23,7 +23,8 @@ from oarctl.pipeline import STAGES, STEP_OUTPUTS, STEP_STAGES, _stage_context, r
 from oarctl.stages import attribute, reshape, verify
 from oarctl.stages.update import _pad, _token_logprobs, response_logits
 
-ACCURACY = re.compile(r"^held-out accuracy: base (\d+\.\d)% -> trained (\d+\.\d)%$", re.M)
+ACCURACY = re.compile(r"^held-out accuracy: base (\d+\.\d)% -> trained (\d+\.\d)% \(greedy; sampled avg@\d+ "
+                      r"\d+\.\d% -> \d+\.\d%\)$", re.M)
 ARTIFACT_KIND = {"rollouts.parquet": "rollouts", "verified.parquet": "verified",
                  "attributions.parquet": "attributions", "advantages.parquet": "advantages",
                  "update.parquet": "update_log"}
