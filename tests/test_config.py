@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import yaml
@@ -191,3 +192,11 @@ def test_cli_config_explain_and_resolved(cli, tmp_path):
     resolved = yaml.safe_load(result.stdout)
     assert resolved["sample"]["group_size"] == 3 and resolved["run"]["steps"] == 5
     assert resolved == to_dict(load_config(path, ["run.steps=5"]))
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "configs").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    config = load_config(path)
+    assert config.run.steps >= 1
+    assert path.read_text().startswith("#"), "each config starts with the command that runs it"
