@@ -193,12 +193,14 @@ def test_status_after_a_partial_run_and_after_a_config_change(cli, tiny_config, 
     assert cli("run", "-c", config, "--run-dir", run_dir, "--steps", "1").exit_code == 0
 
     recorded = status_rows(cli("status", run_dir).stdout)  # uses R/config.yaml (steps: 1)
-    assert recorded == [("eval/base", "evaluate", "done")] + [("step_0000", n, "done") for n in STEP_STAGES]
+    assert recorded == [("eval/base", "evaluate", "done")] + [("step_0000", n, "done") for n in STEP_STAGES] + \
+        [("eval/step_0000", "evaluate", "done")]
 
     result = cli("status", run_dir, "-c", config)  # two steps: the second is pending
     assert result.exit_code == 0, result.output
     rows = status_rows(result.stdout)
-    assert len(rows) == 1 + 2 * len(STEP_STAGES)
+    assert len(rows) == 1 + 2 * len(STEP_STAGES) + 1  # base, two steps, the final evaluation
+    assert rows[-1] == ("eval/step_0001", "evaluate", f"waiting for {run_dir / 'step_0001' / 'policy'}")
     assert all(state == "done" for where, _, state in rows if where in ("eval/base", "step_0000"))
     pending = {stage: state for where, stage, state in rows if where == "step_0001"}
     assert pending["sample"] == "not run"
