@@ -94,10 +94,11 @@ def run(inputs, config, context: StageContext) -> StageOutput:
         group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
     model.train()
     log = []
+    orders = [np.random.default_rng([context.seed, context.step, epoch]).permutation(len(rows))
+              for epoch in range(config.epochs)]  # a fresh shuffle per pass over the batch
     plan = [(epoch, start) for epoch in range(config.epochs) for start in range(0, len(rows), config.mini_batch_size)]
     for epoch, start in tqdm(plan, desc="update", disable=not context.progress, leave=False):
-        order = np.random.default_rng([context.seed, context.step, epoch]).permutation(len(rows))
-        mini = [rows[i] for i in order[start:start + config.mini_batch_size]]
+        mini = [rows[i] for i in orders[epoch][start:start + config.mini_batch_size]]
         log.append({"optimizer_step": len(log), "epoch": epoch,
                     **_optimizer_step(model, optimizer, reference, mini, config, tokenizer.pad_token_id)})
     model.eval()
