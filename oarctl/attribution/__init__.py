@@ -15,7 +15,8 @@ from oarctl.registry import Registry
 ATTRIBUTION_METHODS = Registry("attribution method")
 
 
-def _on_reasoning(rollout, values: np.ndarray) -> np.ndarray:
+def on_reasoning(rollout, values) -> np.ndarray:
+    """Scores in place on the reasoning tokens, NaN on the others (they keep the plain advantage)."""
     full = np.full(rollout.response_length, np.nan, dtype=np.float32)
     start, end = rollout.segments.reasoning
     full[start:end] = values
@@ -25,13 +26,13 @@ def _on_reasoning(rollout, values: np.ndarray) -> np.ndarray:
 @ATTRIBUTION_METHODS.register("uniform")
 def uniform(rollouts, table, config, context) -> list[np.ndarray]:
     """Plain GRPO: every reasoning token matters equally."""
-    return [_on_reasoning(r, 1.0) for r in rollouts]
+    return [on_reasoning(r, 1.0) for r in rollouts]
 
 
 @ATTRIBUTION_METHODS.register("random")
 def random(rollouts, table, config, context) -> list[np.ndarray]:
     """A control: i.i.d. uniform scores, seeded by (seed, step, row)."""
-    return [_on_reasoning(r, np.random.default_rng([context.seed, context.step, row]).random(
+    return [on_reasoning(r, np.random.default_rng([context.seed, context.step, row]).random(
         r.segments.reasoning[1] - r.segments.reasoning[0])) for row, r in enumerate(rollouts)]
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from oarctl.attribution import ATTRIBUTION_METHODS
+from oarctl.attribution import ATTRIBUTION_METHODS, on_reasoning
 from oarctl.attribution import outcome
 from oarctl.attribution.segments import Segments, attributed_sequence, segment, sequence_spans
 
@@ -239,14 +239,6 @@ def segment_rows(table, tokenizer) -> list[Rollout]:
     return rows
 
 
-def _per_response_token(rollout: Rollout, scores: torch.Tensor) -> np.ndarray:
-    """Reasoning scores in place, NaN on the other response tokens (they keep the plain advantage)."""
-    full = np.full(rollout.response_length, np.nan, dtype=np.float32)
-    start, end = rollout.segments.reasoning
-    full[start:end] = scores.numpy().astype(np.float32)
-    return full
-
-
 def row_seed(seed: int, step: int, row: int) -> int:
     """The OAR-G noise seed of one row: independent streams per (run seed, step, row)."""
     return int(np.random.SeedSequence([seed, step, row]).generate_state(1)[0])
@@ -258,7 +250,7 @@ def oar_p_method(rollouts: list[Rollout], table, config, context) -> list[np.nda
     model, tokenizer = context.policy.load()
     scores = oar_p_batch(model, [(r.input_ids, r.reasoning, r.answer) for r in rollouts], config.oar_p_mode,
                          tokenizer.pad_token_id, config.chunk_size)
-    return [_per_response_token(r, s) for r, s in zip(rollouts, scores)]
+    return [on_reasoning(r, s.numpy()) for r, s in zip(rollouts, scores)]
 
 
 @ATTRIBUTION_METHODS.register("oar_g")
@@ -268,7 +260,7 @@ def oar_g_method(rollouts: list[Rollout], table, config, context) -> list[np.nda
     seeds = [row_seed(context.seed, context.step, index) for index in range(len(rollouts))]
     scores = oar_g_batch(model, [(r.input_ids, r.reasoning, r.answer) for r in rollouts], config.oar_g_mode,
                          config.noise_std, seeds, batch_size=config.batch_size)
-    return [_per_response_token(r, s) for r, s in zip(rollouts, scores)]
+    return [on_reasoning(r, s.numpy()) for r, s in zip(rollouts, scores)]
 
 
 @ATTRIBUTION_METHODS.register("entropy")
@@ -278,4 +270,4 @@ def entropy_method(rollouts: list[Rollout], table, config, context) -> list[np.n
     temperatures = [t if t and t > 0 else 1.0 for t in table["temperature"].to_pylist()]
     scores = token_entropy_batch(model, [(r.input_ids, r.reasoning) for r in rollouts], temperatures,
                                  batch_size=config.batch_size)
-    return [_per_response_token(r, s) for r, s in zip(rollouts, scores)]
+    return [on_reasoning(r, s.numpy()) for r, s in zip(rollouts, scores)]

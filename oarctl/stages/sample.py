@@ -18,10 +18,13 @@ VERSION = "1"
 def select_prompts(count: int, per_step: int, step: int, seed: int) -> list[int]:
     """Row indices for `step`: consecutive slices of per-epoch permutations of range(count)."""
     start = step * per_step
+    permutations: dict[int, np.ndarray] = {}
     indices = []
     for position in range(start, start + per_step):
         epoch, offset = divmod(position, count)
-        indices.append(int(np.random.default_rng([seed, epoch]).permutation(count)[offset]))
+        if epoch not in permutations:
+            permutations[epoch] = np.random.default_rng([seed, epoch]).permutation(count)
+        indices.append(int(permutations[epoch][offset]))
     return indices
 
 
