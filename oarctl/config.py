@@ -70,7 +70,7 @@ class AttributeConfig:
     oar_g_mode: str = option("answer_mean", "OAR-G outcome: last, answer_mean, answer_joint")
     chunk_size: int = option(8, "OAR-P perturbations per forward pass (bounds memory; 4-16 is fastest on CPU)")
     noise_std: float = option(1e-3, "OAR-G Gaussian noise on reasoning embeddings")
-    batch_size: int = option(8, "responses per OAR-G / entropy forward pass")
+    batch_size: int = option(32, "responses per OAR-G / entropy forward pass")
 
 
 @dataclass

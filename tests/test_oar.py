@@ -263,6 +263,24 @@ def test_oar_g_batched_equals_single(model, tokenizer):
                                    atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_oar_g_shared_prompt_batches_match_naive(model, tokenizer, mode):
+    """Groups of samples per prompt, prompts of equal and unequal length, an empty prompt, a probe
+    row and batches that split a group: each row scores as the naive single-response reference."""
+    other = PROMPT.replace("3+4", "5+2")  # same length, different tokens
+    longer = PROMPT.replace("3+4", "13+24")
+    texts = [(PROMPT, "3+4 is 7, so \\boxed{17}"), (other, "so \\boxed{7}"), (PROMPT, "no idea"),
+             (longer, "13+24=37 \\boxed{37}"), (PROMPT, "7 \\boxed{7}"), ("", "7, so \\boxed{7}"),
+             (other, "5+2=7. \\boxed{7}")]
+    items = [rollout(tokenizer, text, prompt=prompt) for prompt, text in texts]
+    seeds = list(range(20, 20 + len(items)))
+    for batch_size in (2, len(items)):
+        batched = oar.oar_g_batch(model, items, mode, noise_std=0.05, seeds=seeds, batch_size=batch_size)
+        for (ids, reasoning, answer), seed, got in zip(items, seeds, batched):
+            torch.testing.assert_close(got, naive_oar_g(model, ids, reasoning, answer, mode, 0.05, seed),
+                                       atol=1e-6, rtol=1e-4)
+
+
 def test_oar_g_noise_is_seeded_and_restores_training_mode(model, tokenizer):
     ids, reasoning, answer = rollout(tokenizer, "3+4 is 7, so \\boxed{17}")
     model.train()
