@@ -30,5 +30,9 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ''
 
+# Speed benchmarks: they print what they measured beside the baseline, in one run.
+bench: $(STAMP)
+	$(BIN)/python bench/attribution.py
+
 clean:
 	rm -rf runs .pytest_cache

@@ -36,4 +36,5 @@ def random(rollouts, table, config, context) -> list[np.ndarray]:
         r.segments.reasoning[1] - r.segments.reasoning[0])) for row, r in enumerate(rollouts)]
 
 
-from oarctl.attribution import oar  # noqa: E402,F401  (registers oar_p, oar_g, entropy)
+from oarctl.attribution import oar  # noqa: E402  (registers oar_p, oar_g, entropy)
+from oarctl.attribution.oar import oar_g, oar_g_batch, oar_p, oar_p_batch  # noqa: E402,F401  (the public API)
