@@ -36,6 +36,13 @@ ROLLOUTS = pa.schema(list(PROMPTS) + [
 VERIFIED = pa.schema(list(ROLLOUTS) + [
     ("extracted_answer", pa.string()),     # null when no final answer was found
     ("reward", pa.float32()),              # 1.0 correct, 0.0 otherwise
+    ("answer_char_start", pa.int32()),     # character span of the answer in response_text; -1 when none
+    ("answer_char_end", pa.int32()),
+    ("normalized_answer", pa.string()),    # the answer as compared (null when none)
+    ("normalized_gold", pa.string()),      # the gold answer as compared
+    ("verdict", pa.string()),              # correct, wrong, no_answer, timeout or error
+    ("parse_ok", pa.bool_()),              # the answer (and gold) could be read
+    ("timed_out", pa.bool_()),             # the symbolic check was killed at verify.timeout
 ])
 ATTRIBUTIONS = pa.schema(list(VERIFIED) + [
     ("attribution_method", pa.string()),   # registry name of the method that scored the tokens
@@ -97,7 +104,7 @@ def _open_parquet(path: Path) -> pa.Table:
         raise OarError(f"{path}: not a readable Parquet file ({str(error).splitlines()[0]})") from None
 
 
-NULLABLE = {"extracted_answer", "outcome_mode"}
+NULLABLE = {"extracted_answer", "outcome_mode", "normalized_answer", "normalized_gold"}
 
 
 def _numeric_family(data_type) -> str | None:

@@ -60,7 +60,11 @@ class SampleConfig:
 
 @dataclass
 class VerifyConfig:
-    method: str = option("boxed", "answer checker: 'boxed' (last \\boxed{} equals the gold text)")
+    method: str = option("math", "answer checker: 'math' (extraction + symbolic equivalence, oarctl/verify) "
+                                 "or 'boxed' (last \\boxed{} equals the gold text)")
+    timeout: float = option(5.0, "seconds per symbolic check; a slower one is killed and scored 0 (verdict 'timeout')")
+    workers: int = option(0, "symbolic-check worker processes, started only when needed (0: all cores)")
+    memory_mb: int = option(2048, "address-space cap of each worker process, in MiB")
 
 
 @dataclass
@@ -107,7 +111,7 @@ class EvaluateConfig:
     max_new_tokens: int = option(64, "maximum response length")
     batch_size: int = option(128, "sequences per generation batch")
     pass_k: list = option([1, 4], "k values of the unbiased pass@k")
-    checker: str = option("boxed", "answer checker for grading (a verify.method name)")
+    checker: str = option("math", "answer checker for grading (a verify.method name; default limits)")
 
 
 @dataclass
@@ -232,6 +236,9 @@ def validate(config: Config) -> None:
     _check(config.evaluate.batch_size >= 1, "evaluate.batch_size must be >= 1")
     _check(config.evaluate.max_new_tokens >= 1, "evaluate.max_new_tokens must be >= 1")
     _check(config.update.sum_norm_length >= 1, "update.sum_norm_length must be >= 1")
+    _check(config.verify.timeout > 0, "verify.timeout must be > 0")
+    _check(config.verify.workers >= 0, "verify.workers must be >= 0")
+    _check(config.verify.memory_mb >= 256, "verify.memory_mb must be >= 256")
     _check_names(config)
 
 

@@ -16,7 +16,10 @@ from oarctl.errors import OarError
 
 def verified_table(**replace) -> pa.Table:
     table = extend_table(make_table(rollouts_columns(2), "rollouts"),
-                         {"extracted_answer": ["2", None], "reward": [1.0, 0.0]}, "verified")
+                         {"extracted_answer": ["2", None], "reward": [1.0, 0.0], "answer_char_start": [7, -1],
+                          "answer_char_end": [8, -1], "normalized_answer": ["2", None], "normalized_gold": ["2", "2"],
+                          "verdict": ["correct", "no_answer"], "parse_ok": [True, False],
+                          "timed_out": [False, False]}, "verified")
     for name, value in replace.items():
         table = table.set_column(table.column_names.index(name), name, pa.array(value))
     return table

@@ -132,9 +132,9 @@ def test_step_seed_and_version_are_part_of_the_key(settings, rollouts, tmp_path,
     inputs = {"rollouts": rollouts}
     assert stage_state("verify", config, inputs, output, step=3) == "changed: step"
     assert stage_state("verify", settings("run.seed=7"), inputs, output) == "changed: seed"
-    assert stage_state("verify", settings("run.seed=7", "verify.method=boxed"), inputs, output, step=1) \
+    assert stage_state("verify", settings("run.seed=7", "verify.method=math"), inputs, output, step=1) \
         == "changed: seed, step"
-    monkeypatch.setitem(pipeline.STAGES, "verify", dataclasses.replace(pipeline.STAGES["verify"], version="2"))
+    monkeypatch.setitem(pipeline.STAGES, "verify", dataclasses.replace(pipeline.STAGES["verify"], version="next"))
     assert stage_state("verify", config, inputs, output) == "changed: version"
 
 

@@ -26,13 +26,12 @@ def _responses(model, tokenizer, prompts, config, context, temperature, copies):
                            max_new_tokens=config.max_new_tokens, seed=context.seed,
                            batch_size=config.batch_size, progress=context.progress)
     texts = tokenizer.batch_decode([g.token_ids for g in generations], skip_special_tokens=True)
-    check = CHECKERS.get(config.checker)
-    for index, (row, generation, text) in enumerate(zip(repeated, generations, texts)):
-        extracted, reward = check(text, row["answer"])
+    verdicts = CHECKERS.get(config.checker)(texts, [row["answer"] for row in repeated])
+    for index, (row, generation, text, verdict) in enumerate(zip(repeated, generations, texts, verdicts)):
         yield {"prompt_id": row["prompt_id"], "problem": row["problem"], "answer": row["answer"],
                "mode": "greedy" if temperature == 0 else "sampled", "sample_index": index % copies,
                "response_token_ids": generation.token_ids, "response_text": text,
-               "finish_reason": generation.finish_reason, "extracted_answer": extracted, "reward": reward}
+               "finish_reason": generation.finish_reason, "extracted_answer": verdict.extracted, "reward": verdict.reward}
 
 
 def run(inputs, config, context: StageContext) -> StageOutput:

@@ -1,6 +1,11 @@
-"""verify: rollouts -> verified (extracted answer and 0/1 reward per response).
+"""verify: rollouts -> verified (extracted answer, its span, normalised forms, verdict, 0/1 reward).
 
-The checker is chosen by `verify.method`; `boxed` compares the last \\boxed{} with the gold text.
+The checker is chosen by `verify.method`: `math` (extraction + math-verify in a killable worker
+pool, see oarctl/verify) or `boxed` (the last \\boxed{} equals the gold text).
+
+Latency is a measurement, not a result: it goes to the manifest's metrics (percentiles and the
+slowest rows; names end in `_ms`), so that the artifact's bytes depend only on its inputs and a
+rerun is identical.
 """
 from __future__ import annotations
 
@@ -10,17 +15,34 @@ from oarctl.artifacts import extend_table
 from oarctl.runner import StageContext, StageOutput
 from oarctl.verify import CHECKERS
 
-VERSION = "1"
+VERSION = "2"
+SLOWEST_ROWS = 5
+
+
+def latency_metrics(verdicts) -> dict:
+    """Decision latency per row (repeats of a pair share its time): percentiles and the slowest rows."""
+    latency = np.array([v.latency_ms for v in verdicts], dtype=np.float64)
+    if latency.size == 0:
+        return {}
+    slowest = np.argsort(-latency, kind="stable")[:SLOWEST_ROWS]
+    return {"latency_p50_ms": float(np.percentile(latency, 50)), "latency_p99_ms": float(np.percentile(latency, 99)),
+            "latency_max_ms": float(latency.max()),
+            "slowest_rows_ms": [[int(row), round(float(latency[row]), 3)] for row in slowest]}
 
 
 def run(inputs, config, context: StageContext) -> StageOutput:
     rollouts = inputs["rollouts"]
-    check = CHECKERS.get(config.method)
-    verdicts = [check(text, gold) for text, gold in
-                zip(rollouts["response_text"].to_pylist(), rollouts["answer"].to_pylist())]
-    extracted = [answer for answer, _ in verdicts]
-    rewards = [reward for _, reward in verdicts]
-    metrics = {"reward_mean": float(np.mean(rewards)),
-               "no_answer_fraction": float(np.mean([a is None for a in extracted]))}
-    return StageOutput(extend_table(rollouts, {"extracted_answer": extracted, "reward": rewards}, "verified"),
-                       metrics)
+    verdicts = CHECKERS.get(config.method)(rollouts["response_text"].to_pylist(), rollouts["answer"].to_pylist(),
+                                           timeout=config.timeout, workers=config.workers,
+                                           memory_mb=config.memory_mb)
+    columns = {"extracted_answer": [v.extracted for v in verdicts], "reward": [v.reward for v in verdicts],
+               "answer_char_start": [v.start for v in verdicts], "answer_char_end": [v.end for v in verdicts],
+               "normalized_answer": [v.normalized_answer for v in verdicts],
+               "normalized_gold": [v.normalized_gold for v in verdicts], "verdict": [v.verdict for v in verdicts],
+               "parse_ok": [v.parse_ok for v in verdicts], "timed_out": [v.timed_out for v in verdicts]}
+    statuses = columns["verdict"]
+    metrics = {"reward_mean": float(np.mean(columns["reward"])),
+               "no_answer_fraction": statuses.count("no_answer") / len(statuses),
+               "timeouts": statuses.count("timeout"), "errors": statuses.count("error"),
+               **latency_metrics(verdicts)}
+    return StageOutput(extend_table(rollouts, columns, "verified"), metrics)

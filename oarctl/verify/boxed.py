@@ -7,18 +7,20 @@ from __future__ import annotations
 BOXED = "\\boxed{"
 
 
-def boxed_span(text: str) -> tuple[int, int] | None:
-    """Character span (start, end) of the content of the last-opened balanced \\boxed{...}, or None.
+def boxed_span(text: str, markers: tuple[str, ...] = (BOXED,)) -> tuple[int, int] | None:
+    """Character span (start, end) of the content of the last-opened balanced box, or None.
 
-    One pass with a stack of open braces (None for a plain brace, the content start for a box),
-    so hostile text with thousands of unclosed boxes stays linear.
+    A box is any of `markers` (each ends with `{`). One pass with a stack of open braces (None for a
+    plain brace, the content start for a box), so hostile text with thousands of unclosed boxes
+    stays linear.
     """
     stack: list[int | None] = []
     best: tuple[int, int] | None = None
     position = 0
     while position < len(text):
-        if text.startswith(BOXED, position):
-            position += len(BOXED)
+        marker = next((m for m in markers if text.startswith(m, position)), None) if text[position] == "\\" else None
+        if marker is not None:
+            position += len(marker)
             stack.append(position)
             continue
         character = text[position]

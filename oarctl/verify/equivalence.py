@@ -1,0 +1,117 @@
+"""The `math` checker: extraction, normalisation, a cheap exact path, then math-verify in a pool.
+
+Repeated (answer, gold) pairs are decided once per batch and remembered across batches (a group
+of 8 samples repeats answers a lot); only pairs the cheap path cannot settle reach a worker, so
+integer answers (the toy task) never start one.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from oarctl.verify.extract import find_answer
+from oarctl.verify.normalize import normalize, quick_verdict
+from oarctl.verify.pool import WorkerPool
+
+DEFAULT_TIMEOUT = 5.0
+DEFAULT_MEMORY_MB = 2048
+MEMO_LIMIT = 100_000
+_MEMO: dict[tuple[str, str], "Decision"] = {}  # settled (pred, gold) -> decision, process-wide
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: str         # "correct", "wrong", "timeout" or "error"
+    parse_ok: bool       # the answers parsed (always true on the cheap path)
+    latency_ms: float    # time spent deciding this pair (shared by its repeats)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    extracted: str | None
+    start: int                   # character span of the answer in the response; -1 when none
+    end: int
+    normalized_answer: str | None
+    normalized_gold: str | None
+    verdict: str                 # "correct", "wrong", "no_answer", "timeout" or "error"
+    parse_ok: bool
+    timed_out: bool
+    latency_ms: float
+
+    @property
+    def reward(self) -> float:
+        return float(self.verdict == "correct")
+
+
+def normalized_gold(gold: str) -> str:
+    """Gold answers get the same treatment; a full solution (`#### 42`, `\\boxed{}`) gives its answer."""
+    found = find_answer(gold)
+    return normalize(gold if found is None else found.text)
+
+
+def _quick(pair: tuple[str, str]) -> Decision | None:
+    started = time.perf_counter()
+    equal = quick_verdict(*pair)
+    if equal is None:
+        return None
+    return Decision("correct" if equal else "wrong", True, (time.perf_counter() - started) * 1e3)
+
+
+def _symbolic(pairs: list[tuple[str, str]], timeout: float, workers: int, memory_mb: int) -> list[Decision]:
+    from oarctl.verify.symbolic import check_pair  # imports the engine: only when a pair needs it
+
+    with WorkerPool(check_pair, workers=workers, timeout=timeout, memory_mb=memory_mb) as pool:
+        outcomes = pool.map(pairs)
+    decisions = []
+    for outcome in outcomes:
+        if outcome.status == "ok":
+            equal, parse_ok = outcome.value
+            decisions.append(Decision("correct" if equal else "wrong", parse_ok, outcome.latency_ms))
+        else:
+            decisions.append(Decision(outcome.status, False, outcome.latency_ms))
+    return decisions
+
+
+def decide(pairs: list[tuple[str, str]], *, timeout: float = DEFAULT_TIMEOUT, workers: int = 0,
+           memory_mb: int = DEFAULT_MEMORY_MB) -> dict[tuple[str, str], Decision]:
+    """A decision per distinct normalised (pred, gold) pair."""
+    decided = {pair: _MEMO[pair] for pair in set(pairs) if pair in _MEMO}
+    hard = []
+    for pair in set(pairs) - decided.keys():
+        quick = _quick(pair)
+        if quick is None:
+            hard.append(pair)
+        else:
+            decided[pair] = quick
+    if hard:
+        decided.update(zip(hard, _symbolic(hard, timeout, workers, memory_mb)))
+    if len(_MEMO) > MEMO_LIMIT:
+        _MEMO.clear()
+    # Timeouts and errors may be load-dependent, so only settled verdicts are remembered.
+    _MEMO.update({pair: d for pair, d in decided.items() if d.verdict in ("correct", "wrong")})
+    return decided
+
+
+def verify_batch(responses: list[str], golds: list[str], *, timeout: float = DEFAULT_TIMEOUT,
+                 workers: int = 0, memory_mb: int = DEFAULT_MEMORY_MB) -> list[Verdict]:
+    """One Verdict per (response, gold); hung, crashing or huge items get `timeout`/`error`, reward 0."""
+    found = [find_answer(response) for response in responses]
+    gold_forms = {gold: normalized_gold(gold) for gold in set(golds)}
+    pairs = [None if f is None else (normalize(f.text), gold_forms[g]) for f, g in zip(found, golds)]
+    decisions = decide([p for p in pairs if p is not None], timeout=timeout, workers=workers, memory_mb=memory_mb)
+    verdicts = []
+    for extraction, gold, pair in zip(found, golds, pairs):
+        if pair is None:
+            verdicts.append(Verdict(None, -1, -1, None, gold_forms[gold], "no_answer", False, False, 0.0))
+            continue
+        decision = decisions[pair]
+        verdicts.append(Verdict(extraction.text, extraction.start, extraction.end, pair[0], pair[1],
+                                decision.verdict, decision.parse_ok, decision.verdict == "timeout",
+                                decision.latency_ms))
+    return verdicts
+
+
+def is_equivalent(pred: str, gold: str, timeout: float = DEFAULT_TIMEOUT) -> bool:
+    """Whether a final answer (not a whole response) equals the gold answer; False on timeout."""
+    pair = (normalize(pred), normalized_gold(gold))
+    return decide([pair], timeout=timeout, workers=1)[pair].verdict == "correct"

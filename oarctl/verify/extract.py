@@ -1,0 +1,74 @@
+"""Find the final answer in a response: its text and its character span.
+
+Forms, most explicit first: the last \\boxed{...} / \\fbox{...} (nested braces), a GSM8K `#### X`
+line, then the last "the (final) answer is X" / "Answer: X" (X up to the end of the sentence, or
+the whole `$...$` when X starts with one). Pure string work, linear in the text, safe on any input.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from oarctl.verify.boxed import BOXED, boxed_span
+
+BOX_MARKERS = (BOXED, "\\fbox{")
+GSM8K = re.compile(r"^[ \t]*####[ \t]*(\S[^\n]*)", re.MULTILINE)
+ANSWER_IS = re.compile(r"\banswer\s*(?:is\s*:?|:)[ \t]*(?P<open>\$\$|\$|\\\[|\\\()?", re.IGNORECASE)
+CLOSERS = {"$$": "$$", "$": "$", "\\[": "\\]", "\\(": "\\)"}
+# The sentence ends at a period followed by a space or the end, never at a decimal point.
+SENTENCE_END = re.compile(r"\.(?=\s|$)|\n")
+
+
+@dataclass(frozen=True)
+class Extraction:
+    text: str
+    start: int   # character span of `text` in the response, half-open
+    end: int
+
+
+def _stripped(response: str, start: int, end: int) -> Extraction | None:
+    """The span without surrounding whitespace, or None when nothing is left."""
+    while start < end and response[start].isspace():
+        start += 1
+    while end > start and response[end - 1].isspace():
+        end -= 1
+    return Extraction(response[start:end], start, end) if end > start else None
+
+
+def _boxed(response: str) -> Extraction | None:
+    span = boxed_span(response, BOX_MARKERS)
+    return None if span is None else _stripped(response, *span)
+
+
+def _gsm8k(response: str) -> Extraction | None:
+    matches = list(GSM8K.finditer(response))
+    return _stripped(response, *matches[-1].span(1)) if matches else None
+
+
+def _answer_is(response: str) -> Extraction | None:
+    matches = list(ANSWER_IS.finditer(response))
+    if not matches:
+        return None
+    match = matches[-1]
+    start = match.end()
+    if match.group("open"):  # math mode: up to its closing delimiter
+        end = response.find(CLOSERS[match.group("open")], start)
+        end = len(response) if end < 0 else end
+    else:
+        found = SENTENCE_END.search(response, start)
+        end = len(response) if found is None else found.start()
+    return _stripped(response, start, end)
+
+
+def find_answer(response: str) -> Extraction | None:
+    """The final answer of a response (or of a dataset's gold solution), None when there is none."""
+    for finder in (_boxed, _gsm8k, _answer_is):
+        found = finder(response)
+        if found is not None:
+            return found
+    return None
+
+
+def extract_answer(response: str) -> str | None:
+    found = find_answer(response)
+    return None if found is None else found.text

@@ -1,0 +1,80 @@
+"""Canonical text of an answer, and the cheap decisions that need no symbolic engine.
+
+`normalize` removes what never changes a value (math delimiters, \\left/\\right, spacing commands,
+\\dfrac, degree marks, dollar signs, thousands separators, a trailing period, a \\text{} wrapper,
+the parentheses of a choice letter). Pure string work, linear in the text.
+"""
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+DELIMITERS = [("$$", "$$"), ("$", "$"), ("\\[", "\\]"), ("\\(", "\\)")]
+NEUTRAL = re.compile(r"\\left\b|\\right\b|\\[!,;: ]|~|\\displaystyle\b|\\\$|\^\s*\{\s*\\circ\s*\}|\^\s*\\circ\b|\\circ\b|°")
+WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mbox|mathbf)\{([^{}]*)\}$")
+CHOICE = re.compile(r"^\(([A-Ea-e])\)$")
+THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:[, ]\d{3})+(?:\.\d+)?$")  # `1,000`, and `1\,000` once spaced
+NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+TEXT = re.compile(r"^[A-Za-z][A-Za-z '\-]*$")
+SPACE_AROUND_SYMBOL = re.compile(r"\s*([^\w\s\\])\s*")
+UNIT = re.compile(r"\\(?:text|mbox|mathrm)\{\s*([A-Za-z][A-Za-z ]*?)\s*\}")
+
+
+def _unwrap_delimiters(answer: str) -> str:
+    for opener, closer in DELIMITERS:
+        if len(answer) >= len(opener) + len(closer) and answer.startswith(opener) and answer.endswith(closer):
+            return answer[len(opener):-len(closer)].strip()
+    return answer
+
+
+def normalize(answer: str) -> str:
+    answer = _unwrap_delimiters(CONTROL.sub("", answer).strip())
+    answer = NEUTRAL.sub(" ", answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac"))
+    answer = answer.replace("{,}", ",")
+    answer = SPACE_AROUND_SYMBOL.sub(r"\1", " ".join(answer.split())).rstrip(".")
+    for pattern in (WRAPPER, CHOICE):
+        answer = pattern.sub(r"\1", answer).strip()
+    if THOUSANDS.match(answer):
+        answer = answer.replace(",", "").replace(" ", "")
+    return answer
+
+
+def plain_number(answer: str) -> Fraction | None:
+    """The exact value of a plain decimal (`-12`, `0.50`, `1.5E3`), None for anything else."""
+    if not NUMBER.match(answer):
+        return None
+    try:
+        return Fraction(Decimal(answer))
+    except (InvalidOperation, ValueError):
+        return None
+
+
+def is_text(answer: str) -> bool:
+    """Words only (`Monday`, `B`, `even`): compared as case-insensitive text, never symbolically."""
+    return bool(TEXT.match(answer))
+
+
+def units(answer: str) -> set[str]:
+    """Unit words written as \\text{cm} etc.; math-verify drops them, so `5 m` would equal `5 cm`."""
+    return {word.lower() for word in UNIT.findall(answer)}
+
+
+def quick_verdict(pred: str, gold: str) -> bool | None:
+    """Equal / not equal when decidable without the symbolic engine, None otherwise.
+
+    Both arguments are normalised. Sound in both directions: a True is never a false positive and a
+    False never rejects an equivalent form the engine would accept.
+    """
+    if pred == gold:
+        return True
+    pred_number, gold_number = plain_number(pred), plain_number(gold)
+    if pred_number is not None and gold_number is not None:
+        return pred_number == gold_number
+    if is_text(pred) and is_text(gold):
+        return pred.lower() == gold.lower()
+    pred_units, gold_units = units(pred), units(gold)
+    if pred_units and gold_units and pred_units != gold_units:
+        return False
+    return None

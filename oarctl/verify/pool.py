@@ -1,0 +1,154 @@
+"""A process pool with a hard per-item timeout and memory cap, for untrusted symbolic work.
+
+Each worker is a spawned process (no forked torch or thread state) that caps its own address
+space, then serves one item at a time over a pipe. An item that runs past its deadline gets its
+worker killed; a worker that dies (segfault, out of memory) is detected by its closed pipe. Either
+way the item gets an outcome, a fresh worker takes the slot, and the batch goes on. Workers start
+lazily on the first item and stop on `close()` (context manager, and atexit as a last resort).
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import resource
+import signal
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any, Callable
+
+from oarctl.errors import OarError
+
+STARTUP_SECONDS = 60.0  # importing the engine in a fresh process, on a busy machine
+_LIVE_POOLS: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str          # "ok", "timeout" or "error"
+    value: Any           # the function's result when ok, else a one-line reason
+    latency_ms: float
+
+
+def _serve(connection, function: Callable, memory_bytes: int) -> None:
+    """Worker main loop: one item in, one ("ok" | "error", value) out."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    connection.send("ready")
+    while True:
+        try:
+            item = connection.recv()
+        except EOFError:
+            return
+        try:
+            connection.send(("ok", function(item)))
+        except BaseException as error:  # noqa: BLE001 - any failure of untrusted input is a verdict
+            connection.send(("error", f"{type(error).__name__}: {str(error)[:200]}"))
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class _Worker:
+    def __init__(self, context, function: Callable, memory_bytes: int):
+        self.connection, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child, function, memory_bytes), daemon=True)
+        self.process.start()
+        child.close()
+
+    def wait_ready(self) -> None:
+        if not self.connection.poll(STARTUP_SECONDS) or self.connection.recv() != "ready":
+            self.stop()
+            raise OarError(f"verify worker did not start within {STARTUP_SECONDS:.0f} s")
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.connection.close()
+
+
+class WorkerPool:
+    def __init__(self, function: Callable, *, workers: int, timeout: float, memory_mb: int):
+        self.function, self.timeout = function, timeout
+        self.size = workers or available_cores()
+        self.memory_bytes = memory_mb * 2 ** 20
+        self._context = multiprocessing.get_context("spawn")
+        self._idle: list[_Worker] = []
+        self.replaced = 0  # workers killed or found dead, for metrics and tests
+        _LIVE_POOLS.add(self)
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _take_workers(self, count: int) -> list[_Worker]:
+        """`count` ready workers: idle ones first, then new ones started together."""
+        taken, self._idle = self._idle[:count], self._idle[count:]
+        fresh = [_Worker(self._context, self.function, self.memory_bytes) for _ in range(count - len(taken))]
+        for worker in fresh:
+            worker.wait_ready()
+        return taken + fresh
+
+    def map(self, items: list) -> list[Outcome]:
+        """One outcome per item, in order; never raises because of an item."""
+        outcomes: list[Outcome | None] = [None] * len(items)
+        pending = deque(range(len(items)))
+        capacity = min(self.size, len(items))
+        free: list[_Worker] = []
+        busy: dict[Any, tuple[_Worker, int, float]] = {}  # connection -> (worker, item, started)
+        try:
+            while pending or busy:
+                missing = min(capacity - len(free) - len(busy), len(pending))
+                free += self._take_workers(missing) if missing > 0 else []
+                while free and pending:
+                    worker, index = free.pop(), pending.popleft()
+                    worker.connection.send(items[index])
+                    busy[worker.connection] = (worker, index, time.perf_counter())
+                self._wait_for_results(busy, free, outcomes)
+        finally:
+            for worker, _, _ in busy.values():  # only after an exception in this process
+                worker.stop()
+            self._idle.extend(free)
+        return outcomes
+
+    def _wait_for_results(self, busy: dict, free: list, outcomes: list) -> None:
+        """Collect what finishes before the nearest deadline, then kill the workers past theirs."""
+        nearest = min(started for _, _, started in busy.values()) + self.timeout
+        for connection in wait(list(busy), timeout=max(0.0, nearest - time.perf_counter())):
+            worker, index, started = busy.pop(connection)
+            try:
+                status, value = connection.recv()
+                free.append(worker)
+            except (EOFError, OSError):
+                worker.process.join(1.0)
+                status, value = "error", f"worker died (exit code {worker.process.exitcode})"
+                self._discard(worker)
+            outcomes[index] = Outcome(status, value, (time.perf_counter() - started) * 1e3)
+        now = time.perf_counter()
+        for connection in [c for c, (_, _, started) in busy.items() if now - started >= self.timeout]:
+            worker, index, started = busy.pop(connection)
+            outcomes[index] = Outcome("timeout", f"no answer within {self.timeout:g} s", (now - started) * 1e3)
+            self._discard(worker)
+
+    def _discard(self, worker: _Worker) -> None:
+        """Stop a hung or dead worker; `map` starts a replacement when there is work for it."""
+        worker.stop()
+        self.replaced += 1
+
+    def close(self) -> None:
+        for worker in self._idle:
+            worker.stop()
+        self._idle = []
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    for pool in list(_LIVE_POOLS):
+        pool.close()
