@@ -7,6 +7,7 @@ Extra columns are allowed in inputs (users add their own); missing or mistyped o
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -157,6 +158,26 @@ def _check_columns(table: pa.Table, schema: pa.Schema, path: Path, kind: str) ->
     return table
 
 
+# token_scores is NaN outside the reasoning by design; every other float must be finite.
+NAN_ALLOWED = {"token_scores"}
+
+
+def _check_finite(table: pa.Table, path: Path) -> None:
+    """No NaN or infinite number in a float column (a NaN advantage would train NaN weights)."""
+    for name in table.column_names:
+        column = table[name]
+        values = pc.list_flatten(column) if pa.types.is_list(column.type) else column
+        if not pa.types.is_floating(values.type) or len(values) == 0:
+            continue
+        bad = pc.is_inf(values) if name in NAN_ALLOWED else pc.invert(pc.is_finite(values))
+        if pc.any(bad).as_py():
+            row = next(i for i, v in enumerate(column.to_pylist())
+                       if any(not math.isfinite(x) and not (name in NAN_ALLOWED and math.isnan(x))
+                              for x in (v if isinstance(v, list) else [v])))
+            what = "an infinite" if name in NAN_ALLOWED else "a NaN or infinite"
+            raise OarError(f"{path}: row {row}: column {name!r} holds {what} value")
+
+
 def _check_alignment(table: pa.Table, path: Path) -> None:
     if "response_token_ids" not in table.column_names:
         return
@@ -177,6 +198,7 @@ def read_artifact(path: str | Path, kind: str) -> pa.Table:
         raise OarError(f"{path}: has no rows")
     table = _check_columns(table, SCHEMAS[kind], path, kind)
     _check_alignment(table, path)
+    _check_finite(table.select([f.name for f in SCHEMAS[kind]]), path)
     return table
 
 

@@ -226,6 +226,9 @@ def validate(config: Config) -> None:
     _check(config.attribute.chunk_size >= 1, "attribute.chunk_size must be >= 1")
     _check(config.attribute.batch_size >= 1, "attribute.batch_size must be >= 1")
     _check(0 < config.reshape.quantile < 1, "reshape.quantile must be in (0, 1)")
+    _check(0 <= config.reshape.floor <= 1, "reshape.floor must be in [0, 1]")
+    _check(config.reshape.beta >= 0, "reshape.beta must be >= 0")
+    _check(config.reshape.eps > 0, "reshape.eps must be > 0")
     _check(config.evaluate.samples >= 1, "evaluate.samples must be >= 1")
     _check(all(isinstance(k, int) and 1 <= k <= config.evaluate.samples for k in config.evaluate.pass_k),
            "evaluate.pass_k values must be integers between 1 and evaluate.samples")

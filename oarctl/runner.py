@@ -18,7 +18,7 @@ from pathlib import Path
 
 from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
 from oarctl.checkpoints import load_policy, load_tokenizer, policy_identity, replace_directory, save_policy, sha256_file
-from oarctl.errors import OarError
+from oarctl.errors import InputError, OarError
 
 
 @dataclass
@@ -172,7 +172,10 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
     manifest_path(output).unlink(missing_ok=True)  # the old output is no longer vouched for
     remove_dead_temporaries(output)
     started = time.perf_counter()
-    result = stage.function(inputs, section_config, context)
+    try:
+        result = stage.function(inputs, section_config, context)
+    except InputError as error:  # a problem of one row of the input: name the file
+        raise OarError(f"{' + '.join(map(str, input_paths.values()))}: {error}") from None
     output_hash = _write_outputs(stage, result, output)
     return _write_manifest(output, parts, result.metrics, time.perf_counter() - started, output_hash), True
 

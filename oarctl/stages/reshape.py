@@ -8,11 +8,13 @@ weights sum to the reasoning length, so every sequence's token advantages sum to
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from oarctl.advantages import ADVANTAGE_ESTIMATORS, token_advantages
 from oarctl.artifacts import extend_table
-from oarctl.errors import OarError
+from oarctl.errors import InputError
 from oarctl.reshaping import bilevel_weights
 from oarctl.runner import StageContext, StageOutput
 
@@ -24,16 +26,26 @@ def group_ids(prompt_ids: list[str]) -> np.ndarray:
     return np.array([index.setdefault(p, len(index)) for p in prompt_ids], dtype=np.int64)
 
 
+def _check_groups(prompt_ids: list[str]) -> None:
+    """Group baselines need two or more responses per prompt; a lone one would get advantage 0."""
+    counts = Counter(prompt_ids)
+    for row, prompt_id in enumerate(prompt_ids):
+        if counts[prompt_id] < 2:
+            raise InputError(f"row {row}: prompt_id {prompt_id!r} has a group of 1 response; "
+                             f"group advantages need at least 2 (sample.group_size)")
+
+
 def _check_mass(advantage: float, weighted: np.ndarray, row: int) -> None:
     expected = advantage * len(weighted)
     if not np.isclose(weighted.sum(dtype=np.float64), expected, rtol=1e-4, atol=1e-4):
-        raise OarError(f"reshape: row {row}: token advantages sum to {weighted.sum():.6g}, "
+        raise InputError(f"row {row}: token advantages sum to {weighted.sum():.6g}, "
                        f"expected the GRPO total {expected:.6g}")
 
 
 def run(inputs, config, context: StageContext) -> StageOutput:
     table = inputs["attributions"]
     rewards = np.asarray(table["reward"].to_numpy(zero_copy_only=False), dtype=np.float64)
+    _check_groups(table["prompt_id"].to_pylist())
     groups = group_ids(table["prompt_id"].to_pylist())
     advantages = ADVANTAGE_ESTIMATORS.get(config.estimator)(rewards, groups, scale=config.scale, eps=config.eps)
     weights, per_token = [], []
