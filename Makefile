@@ -33,6 +33,7 @@ test-all: $(STAMP)
 # Speed benchmarks: they print what they measured beside the baseline, in one run.
 bench: $(STAMP)
 	$(BIN)/python bench/attribution.py
+	$(BIN)/python bench/verify.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -147,6 +147,8 @@ def test_no_false_positives(verdicts):
     ("Answer: (D)", "(D)"),
     ("The answer is \\[y=1\\] indeed", "y=1"),
     ("The answer is $5", "5"),                                   # unclosed math: to the end
+    ("The answer is $\\$36$.", "\\$36"),                     # an escaped dollar does not close math mode
+    ("The answer is $\\$32,\\!348$ in all.", "\\$32,\\!348"),
     ("no answer here 5", None),
     ("", None),
     ("The answer is   ", None),

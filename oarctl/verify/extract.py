@@ -45,6 +45,14 @@ def _gsm8k(response: str) -> Extraction | None:
     return _stripped(response, *matches[-1].span(1)) if matches else None
 
 
+def _closing(response: str, closer: str, start: int) -> int:
+    """Where math mode closes, skipping escaped dollars (`$\\$36$`); the end of the text if never."""
+    end = response.find(closer, start)
+    while closer.startswith("$") and end > 0 and response[end - 1] == "\\":
+        end = response.find(closer, end + 1)
+    return len(response) if end < 0 else end
+
+
 def _answer_is(response: str) -> Extraction | None:
     matches = list(ANSWER_IS.finditer(response))
     if not matches:
@@ -52,8 +60,7 @@ def _answer_is(response: str) -> Extraction | None:
     match = matches[-1]
     start = match.end()
     if match.group("open"):  # math mode: up to its closing delimiter
-        end = response.find(CLOSERS[match.group("open")], start)
-        end = len(response) if end < 0 else end
+        end = _closing(response, CLOSERS[match.group("open")], start)
     else:
         found = SENTENCE_END.search(response, start)
         end = len(response) if found is None else found.start()

@@ -16,7 +16,9 @@ NEUTRAL = re.compile(r"\\left\b|\\right\b|\\[!,;: ]|~|\\displaystyle\b|\\\$|\^\s
 WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mbox|mathbf)\{([^{}]*)\}$")
 CHOICE = re.compile(r"^\(([A-Ea-e])\)$")
 THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:[, ]\d{3})+(?:\.\d+)?$")  # `1,000`, and `1\,000` once spaced
-NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+FRACTION = re.compile(r"^(-?)\\frac\{(-?\d{1,100})\}\{(\d{1,100})\}$")  # `\frac{84}{2}`, `-\frac{3}{4}`
+# One way to split the digits (no `\d+\.?\d*`): `1` * 100k + `x` backtracked quadratically.
+NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
 TEXT = re.compile(r"^[A-Za-z][A-Za-z '\-]*$")
 SPACE_AROUND_SYMBOL = re.compile(r"\s*([^\w\s\\])\s*")
 UNIT = re.compile(r"\\(?:text|mbox|mathrm)\{\s*([A-Za-z][A-Za-z ]*?)\s*\}")
@@ -41,14 +43,30 @@ def normalize(answer: str) -> str:
     return answer
 
 
-def plain_number(answer: str) -> Fraction | None:
-    """The exact value of a plain decimal (`-12`, `0.50`, `1.5E3`), None for anything else."""
+def plain_number(answer: str) -> Decimal | None:
+    """The exact value of a plain decimal (`-12`, `0.50`, `1.5E3`), None for anything else.
+
+    A Decimal, not a Fraction: Decimals compare exactly without expanding the number, while a
+    Fraction of `1e99999999999` builds 10**99999999999 and one of a million digits takes ~40 s.
+    """
     if not NUMBER.match(answer):
         return None
     try:
-        return Fraction(Decimal(answer))
+        return Decimal(answer)
     except (InvalidOperation, ValueError):
         return None
+
+
+def simple_fraction(answer: str, number: Decimal | None = None) -> Fraction | None:
+    """The exact value of `\\frac{a}{b}` with integer a and b (at most 100 digits each, b != 0), or
+    of a plain number `number` of at most 100 digits and exponent, else None (never a huge expansion)."""
+    if number is not None:
+        small = number.is_finite() and len(number.as_tuple().digits) <= 100 and abs(number.adjusted()) <= 100
+        return Fraction(number) if small else None
+    match = FRACTION.match(answer)
+    if match is None or int(match.group(3)) == 0:
+        return None
+    return Fraction(int(match.group(2)), int(match.group(3))) * (-1 if match.group(1) else 1)
 
 
 def is_text(answer: str) -> bool:
@@ -72,6 +90,11 @@ def quick_verdict(pred: str, gold: str) -> bool | None:
     pred_number, gold_number = plain_number(pred), plain_number(gold)
     if pred_number is not None and gold_number is not None:
         return pred_number == gold_number
+    # An integer fraction of the same exact value is equal (`\frac{84}{2}` = `42`); a different
+    # value is left to the engine, whose numeric tolerance may still accept it.
+    pred_exact, gold_exact = simple_fraction(pred, pred_number), simple_fraction(gold, gold_number)
+    if pred_exact is not None and gold_exact is not None and pred_exact == gold_exact:
+        return True
     if is_text(pred) and is_text(gold):
         return pred.lower() == gold.lower()
     pred_units, gold_units = units(pred), units(gold)
