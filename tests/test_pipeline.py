@@ -247,24 +247,43 @@ def _assert_unchanged(snapshot: dict, attempt: int) -> None:
             assert output.stat().st_mtime_ns == mtime, f"attempt {attempt}: output rewritten: {output}"
 
 
-def kill_and_resume(cli, tmp_path: Path, config: Path, kills: int, seed: int, max_delay: float):
+def _wait_for_temporary(process, run_dir: Path, marker: str, seconds: float = 60) -> str | None:
+    """As soon as a half-written file or folder whose name holds `marker` exists, its name."""
+    deadline = time.monotonic() + seconds
+    while process.poll() is None and time.monotonic() < deadline:
+        found = [p.name for p in hidden_temporaries(run_dir)] if run_dir.exists() else []
+        if any(marker in name for name in found):
+            return next(name for name in found if marker in name)
+        time.sleep(0.001)
+    return None
+
+
+def kill_and_resume(cli, tmp_path: Path, config: Path, kills: int, seed: int, max_delay: float,
+                    inside_writes: bool = False):
     """Start `oarctl run` as a process and SIGKILL it at a seeded random moment, `kills` times, each
-    attempt resuming the folder the previous one left; then resume it to the end (in-process)."""
+    attempt resuming the folder the previous one left; then resume it to the end (in-process).
+    `inside_writes`: two attempts in three are instead killed while a checkpoint or an artifact is
+    being written (its hidden temporary exists)."""
     rng = random.Random(seed)
     run_dir = tmp_path / "killed"
-    killed, snapshot = set(), {}
+    killed, snapshot, inside = set(), {}, []
     for attempt in range(kills):
         log = tmp_path / f"attempt_{attempt}.log"
         with open(log, "w") as handle:
             process = subprocess.Popen([oarctl_executable(), "run", "-c", str(config), "--run-dir", str(run_dir)],
                                        stdout=handle, stderr=subprocess.STDOUT)
-        # Start the clock when this attempt finishes its first stage: by then the imports and the
-        # first model load (seconds) are over, and the remaining stages take well under a second.
-        finished = _manifests(run_dir)
-        deadline = time.monotonic() + 60
-        while process.poll() is None and _manifests(run_dir) <= finished and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0.0, max_delay))
+        if inside_writes and attempt % 3 < 2:
+            # Aimed: kill the moment a checkpoint (even attempts) or a Parquet artifact (odd) is being written.
+            writing = _wait_for_temporary(process, run_dir, ".policy.tmp-" if attempt % 2 == 0 else ".parquet.tmp-")
+            inside += [writing] if writing and process.poll() is None else []
+        else:
+            # Start the clock when this attempt finishes its first stage: by then the imports and the
+            # first model load (seconds) are over, and the remaining stages take well under a second.
+            finished = _manifests(run_dir)
+            deadline = time.monotonic() + 60
+            while process.poll() is None and _manifests(run_dir) <= finished and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, max_delay))
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
             killed.add(process.pid)
@@ -276,14 +295,19 @@ def kill_and_resume(cli, tmp_path: Path, config: Path, kills: int, seed: int, ma
     result = cli("run", "-c", config, "--run-dir", run_dir)
     assert result.exit_code == 0, result.output
     _assert_unchanged(snapshot, kills)
-    return run_dir, killed
+    return run_dir, killed, inside
 
 
-def check_resumed_run(cli, tmp_path: Path, config: Path, kills: int, seed: int, max_delay: float):
-    run_dir, killed = kill_and_resume(cli, tmp_path, config, kills, seed, max_delay)
+def check_resumed_run(cli, tmp_path: Path, config: Path, kills: int, seed: int, max_delay: float,
+                      inside_writes: bool = False, steps: int = 3):
+    run_dir, killed, inside = kill_and_resume(cli, tmp_path, config, kills, seed, max_delay, inside_writes)
     assert killed, "no run was killed: the delays are too long for this machine"
+    if inside_writes:  # at least one kill landed inside a checkpoint write and one inside an artifact write
+        assert any(".policy.tmp-" in n for n in inside) and any(".parquet.tmp-" in n for n in inside), inside
+    print(f"{len(killed)} kills, {len(inside)} inside writes: {inside}")
+    return killed
 
-    steps, evals = 3, [1, 2]
+    evals = [s for s in range(steps) if (s + 1) % EVAL_EVERY == 0 or s == steps - 1]
     for output in expected_outputs(run_dir, steps, evals):
         assert output.exists() and manifest_of(output).exists(), output
     # Leftovers of killed writers are swept when the run resumes.
@@ -316,8 +340,12 @@ def results_of(metrics_file: Path) -> list[dict]:
     return [{k: v for k, v in record.items() if not k.endswith("_ms")} for record in records]
 
 
-def kill_config(tiny_config):
-    return tiny_config(signal=True, run={"steps": 3, "eval_every": 2, "keep_checkpoints": 2, "progress": False})
+EVAL_EVERY = 2
+
+
+def kill_config(tiny_config, steps: int = 3):
+    return tiny_config(signal=True, run={"steps": steps, "eval_every": EVAL_EVERY, "keep_checkpoints": 2,
+                                         "progress": False})
 
 
 def test_resume_after_kill_is_identical_to_an_uninterrupted_run(cli, tiny_config, tmp_path):
@@ -325,8 +353,11 @@ def test_resume_after_kill_is_identical_to_an_uninterrupted_run(cli, tiny_config
 
 
 @pytest.mark.slow
-def test_resume_after_ten_kills(cli, tiny_config, tmp_path):
-    check_resumed_run(cli, tmp_path, kill_config(tiny_config), kills=10, seed=7, max_delay=0.1)
+def test_resume_after_twenty_kills_some_inside_writes(cli, tiny_config, tmp_path):
+    # 8 steps: enough stages and writes that all 20 attempts are killed before the run ends
+    killed = check_resumed_run(cli, tmp_path, kill_config(tiny_config, steps=8), kills=20, seed=7, max_delay=0.1,
+                               inside_writes=True, steps=8)
+    assert len(killed) == 20
 
 
 # ---- 11. update log-probs == sampling log-probs -------------------------------------------------
