@@ -7,7 +7,6 @@ Extra columns are allowed in inputs (users add their own); missing or mistyped o
 """
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -171,9 +170,8 @@ def _check_finite(table: pa.Table, path: Path) -> None:
             continue
         bad = pc.is_inf(values) if name in NAN_ALLOWED else pc.invert(pc.is_finite(values))
         if pc.any(bad).as_py():
-            row = next(i for i, v in enumerate(column.to_pylist())
-                       if any(not math.isfinite(x) and not (name in NAN_ALLOWED and math.isnan(x))
-                              for x in (v if isinstance(v, list) else [v])))
+            first = pc.index(bad, True).as_py()
+            row = pc.list_parent_indices(column)[first].as_py() if pa.types.is_list(column.type) else first
             what = "an infinite" if name in NAN_ALLOWED else "a NaN or infinite"
             raise OarError(f"{path}: row {row}: column {name!r} holds {what} value")
 

@@ -39,14 +39,15 @@ def _check_mass(advantage: float, weighted: np.ndarray, row: int) -> None:
     expected = advantage * len(weighted)
     if not np.isclose(weighted.sum(dtype=np.float64), expected, rtol=1e-4, atol=1e-4):
         raise InputError(f"row {row}: token advantages sum to {weighted.sum():.6g}, "
-                       f"expected the GRPO total {expected:.6g}")
+                         f"expected the GRPO total {expected:.6g}")
 
 
 def run(inputs, config, context: StageContext) -> StageOutput:
     table = inputs["attributions"]
     rewards = np.asarray(table["reward"].to_numpy(zero_copy_only=False), dtype=np.float64)
-    _check_groups(table["prompt_id"].to_pylist())
-    groups = group_ids(table["prompt_id"].to_pylist())
+    prompt_ids = table["prompt_id"].to_pylist()
+    _check_groups(prompt_ids)
+    groups = group_ids(prompt_ids)
     advantages = ADVANTAGE_ESTIMATORS.get(config.estimator)(rewards, groups, scale=config.scale, eps=config.eps)
     weights, per_token = [], []
     spans = zip(table["reasoning_start"].to_pylist(), table["reasoning_end"].to_pylist())

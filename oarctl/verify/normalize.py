@@ -57,9 +57,10 @@ def plain_number(answer: str) -> Decimal | None:
         return None
 
 
-def simple_fraction(answer: str, number: Decimal | None = None) -> Fraction | None:
-    """The exact value of `\\frac{a}{b}` with integer a and b (at most 100 digits each, b != 0), or
-    of a plain number `number` of at most 100 digits and exponent, else None (never a huge expansion)."""
+def exact_fraction(answer: str) -> Fraction | None:
+    """The exact value of a plain number of at most 100 digits and exponent, or of `\\frac{a}{b}`
+    with integers of at most 100 digits (b != 0); None otherwise (never a huge expansion)."""
+    number = plain_number(answer)
     if number is not None:
         small = number.is_finite() and len(number.as_tuple().digits) <= 100 and abs(number.adjusted()) <= 100
         return Fraction(number) if small else None
@@ -92,7 +93,7 @@ def quick_verdict(pred: str, gold: str) -> bool | None:
         return pred_number == gold_number
     # An integer fraction of the same exact value is equal (`\frac{84}{2}` = `42`); a different
     # value is left to the engine, whose numeric tolerance may still accept it.
-    pred_exact, gold_exact = simple_fraction(pred, pred_number), simple_fraction(gold, gold_number)
+    pred_exact, gold_exact = exact_fraction(pred), exact_fraction(gold)
     if pred_exact is not None and gold_exact is not None and pred_exact == gold_exact:
         return True
     if is_text(pred) and is_text(gold):
