@@ -201,3 +201,7 @@ def toy_build(output: Path = typer.Option(None, "-o", "--output", help="default:
 
 def main() -> None:  # pragma: no cover
     sys.exit(app())
+
+
+if __name__ == "__main__":  # `python -m oarctl.cli`, as the tests run it
+    main()
