@@ -175,23 +175,15 @@ def check_batch(corpus: list[str], tmp_path, monkeypatch, timeout: float = 2.0, 
     responses, targets = armed(corpus, traps)
 
     monkeypatch.setattr(equivalence, "_MEMO", {})  # a cold memo: every pair is decided here
-    reached, spawning = [], []  # items that reached the pool; seconds spent starting workers
-    original_map, original_take = WorkerPool.map, WorkerPool._take_workers
+    reached = []  # (items that reached the pool, workers replaced)
+    original_map = WorkerPool.map
 
     def recording_map(self, items):
         outcomes = original_map(self, items)
         reached.append((len(items), self.replaced))
         return outcomes
 
-    def timed_take(self, count):
-        started = time.perf_counter()
-        try:
-            return original_take(self, count)
-        finally:
-            spawning.append(time.perf_counter() - started)
-
     monkeypatch.setattr(WorkerPool, "map", recording_map)
-    monkeypatch.setattr(WorkerPool, "_take_workers", timed_take)
 
     started = time.perf_counter()
     verdicts = verify_batch(responses, [GOLD] * len(responses), timeout=timeout, workers=workers)
@@ -210,19 +202,17 @@ def check_batch(corpus: list[str], tmp_path, monkeypatch, timeout: float = 2.0, 
         else:
             assert response[verdict.start:verdict.end] == verdict.extracted
 
-    # Bounded time: the pool runs `workers` items at a time, each for at most `timeout` before its
-    # worker is killed, so its work takes at most hard * timeout / workers + timeout (list
-    # scheduling); starting workers (the first ones and each replacement) is timed separately and
-    # bounded by the pool's own startup limit. The slack covers this process's string work on
-    # ~3 MB of text and killing/joining workers, on 2 busy cores.
+    # Bounded time. Each item, from the moment a worker takes it, gets a verdict within its timeout
+    # (plus killing and pipe detection). The whole batch: the pool runs `workers` items at a time,
+    # so its work takes at most hard * timeout / workers + timeout (list scheduling), plus worker
+    # start-ups (the first ones and each replacement, overlapping the work, each bounded by the
+    # pool's start-up limit). The slack covers this process's string work on ~3 MB of text.
+    from oarctl.verify.pool import STARTUP_SECONDS
+    assert all(v.latency_ms < (timeout + SLACK) * 1e3 for v in verdicts), max(v.latency_ms for v in verdicts)
     hard, replaced = reached[0] if reached else (0, 0)
     assert hard <= len(corpus)
-    assert len(spawning) <= 1 + replaced  # one start for the first workers, one per replacement at most
     pool_bound = hard * timeout / workers + timeout
-    slack = 10.0
-    assert elapsed - sum(spawning) < pool_bound + slack, (elapsed, sum(spawning), hard, replaced)
-    from oarctl.verify.pool import STARTUP_SECONDS
-    assert sum(spawning) < (workers + replaced) * STARTUP_SECONDS
+    assert elapsed < pool_bound + 10.0 + (1 + replaced) * STARTUP_SECONDS, (elapsed, hard, replaced)
 
     # the process survives and an ordinary item still works
     assert [v.verdict for v in verify_batch(["\\boxed{2}", "\\boxed{\\frac{4}{2}}"], ["2", "2"],
@@ -371,8 +361,9 @@ def test_extraction_is_linear(name):
     if found is not None:
         assert text[found.start:found.end] == found.text
         quick_verdict(normalize(found.text), GOLD)
-    # a pure-Python pass over 1 MB takes ~1-2 s on a busy core; a quadratic one would take hours
-    assert time.perf_counter() - started < 6.0, name
+    # a pure-Python pass over 1 MB takes ~1-2 s on a quiet core (9 s seen with 5 jobs on 2 cores);
+    # a quadratic one would take hours, so a loose bound still tells them apart
+    assert time.perf_counter() - started < 60.0, name
 
 
 def test_box_spans_on_hostile_nesting():

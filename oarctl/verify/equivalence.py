@@ -17,6 +17,7 @@ DEFAULT_TIMEOUT = 5.0
 DEFAULT_MEMORY_MB = 2048
 MEMO_LIMIT = 100_000
 _MEMO: dict[tuple[str, str], "Decision"] = {}  # settled (pred, gold) -> decision, process-wide
+_POOLS: dict[tuple, WorkerPool] = {}  # idle workers stop at exit (pool.py's atexit hook)
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,19 @@ def _quick(pair: tuple[str, str]) -> Decision | None:
     return Decision("correct" if equal else "wrong", True, (time.perf_counter() - started) * 1e3)
 
 
-def _symbolic(pairs: list[tuple[str, str]], timeout: float, workers: int, memory_mb: int) -> list[Decision]:
+def _pool(timeout: float, workers: int, memory_mb: int) -> WorkerPool:
+    """One pool per setting, kept for the process's life: the next batch (the next step's verify,
+    the next benchmark) finds its workers started and the engine imported."""
     from oarctl.verify.symbolic import check_pair  # imports the engine: only when a pair needs it
 
-    with WorkerPool(check_pair, workers=workers, timeout=timeout, memory_mb=memory_mb) as pool:
-        outcomes = pool.map(pairs)
+    key = (timeout, workers, memory_mb)
+    if key not in _POOLS:
+        _POOLS[key] = WorkerPool(check_pair, workers=workers, timeout=timeout, memory_mb=memory_mb)
+    return _POOLS[key]
+
+
+def _symbolic(pairs: list[tuple[str, str]], timeout: float, workers: int, memory_mb: int) -> list[Decision]:
+    outcomes = _pool(timeout, workers, memory_mb).map(pairs)
     decisions = []
     for outcome in outcomes:
         if outcome.status == "ok":

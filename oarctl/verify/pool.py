@@ -58,12 +58,19 @@ class _Worker:
         self.connection, child = context.Pipe()
         self.process = context.Process(target=_serve, args=(child, function, memory_bytes), daemon=True)
         self.process.start()
+        self.started = time.perf_counter()
         child.close()
 
-    def wait_ready(self) -> None:
-        if not self.connection.poll(STARTUP_SECONDS) or self.connection.recv() != "ready":
+    def confirm_ready(self) -> None:
+        """Read the start-up message once the connection is readable; a worker that died instead
+        (an import error, a bad main module under spawn) makes the whole pool unusable."""
+        try:
+            message = self.connection.recv()
+        except (EOFError, OSError):
+            message = None
+        if message != "ready":
             self.stop()
-            raise OarError(f"verify worker did not start within {STARTUP_SECONDS:.0f} s")
+            raise OarError(f"verify worker failed to start (exit code {self.process.exitcode})")
 
     def stop(self) -> None:
         if self.process.is_alive():
@@ -88,40 +95,47 @@ class WorkerPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _take_workers(self, count: int) -> list[_Worker]:
-        """`count` ready workers: idle ones first, then new ones started together."""
-        taken, self._idle = self._idle[:count], self._idle[count:]
-        fresh = [_Worker(self._context, self.function, self.memory_bytes) for _ in range(count - len(taken))]
-        for worker in fresh:
-            worker.wait_ready()
-        return taken + fresh
-
     def map(self, items: list) -> list[Outcome]:
-        """One outcome per item, in order; never raises because of an item."""
+        """One outcome per item, in order; never raises because of an item.
+
+        Workers start without blocking: items go to the workers that are ready while the others
+        (and replacements of killed ones) are still importing, so a replacement's start-up never
+        delays another item's deadline.
+        """
         outcomes: list[Outcome | None] = [None] * len(items)
         pending = deque(range(len(items)))
         capacity = min(self.size, len(items))
-        free: list[_Worker] = []
+        free, self._idle = self._idle[:capacity], self._idle[capacity:]
+        starting: dict[Any, _Worker] = {}
         busy: dict[Any, tuple[_Worker, int, float]] = {}  # connection -> (worker, item, started)
         try:
             while pending or busy:
-                missing = min(capacity - len(free) - len(busy), len(pending))
-                free += self._take_workers(missing) if missing > 0 else []
+                for _ in range(min(capacity - len(free) - len(busy) - len(starting), len(pending))):
+                    worker = _Worker(self._context, self.function, self.memory_bytes)
+                    starting[worker.connection] = worker
                 while free and pending:
                     worker, index = free.pop(), pending.popleft()
                     worker.connection.send(items[index])
                     busy[worker.connection] = (worker, index, time.perf_counter())
-                self._wait_for_results(busy, free, outcomes)
+                self._wait(busy, starting, free, outcomes)
         finally:
-            for worker, _, _ in busy.values():  # only after an exception in this process
-                worker.stop()
+            for worker in [w for w, _, _ in busy.values()] + list(starting.values()):
+                worker.stop()  # only after an exception in this process, or workers still starting
             self._idle.extend(free)
         return outcomes
 
-    def _wait_for_results(self, busy: dict, free: list, outcomes: list) -> None:
-        """Collect what finishes before the nearest deadline, then kill the workers past theirs."""
-        nearest = min(started for _, _, started in busy.values()) + self.timeout
-        for connection in wait(list(busy), timeout=max(0.0, nearest - time.perf_counter())):
+    def _wait(self, busy: dict, starting: dict, free: list, outcomes: list) -> None:
+        """Collect results and start-ups that arrive before the nearest deadline, then kill the
+        workers past theirs."""
+        deadlines = [started + self.timeout for _, _, started in busy.values()]
+        deadlines += [worker.started + STARTUP_SECONDS for worker in starting.values()]
+        ready = wait(list(busy) + list(starting), timeout=max(0.0, min(deadlines) - time.perf_counter()))
+        for connection in ready:
+            if connection in starting:
+                worker = starting.pop(connection)
+                worker.confirm_ready()
+                free.append(worker)
+                continue
             worker, index, started = busy.pop(connection)
             try:
                 status, value = connection.recv()
@@ -136,6 +150,9 @@ class WorkerPool:
             worker, index, started = busy.pop(connection)
             outcomes[index] = Outcome("timeout", f"no answer within {self.timeout:g} s", (now - started) * 1e3)
             self._discard(worker)
+        for connection in [c for c, w in starting.items() if now - w.started >= STARTUP_SECONDS]:
+            starting.pop(connection).stop()
+            raise OarError(f"verify worker did not start within {STARTUP_SECONDS:.0f} s")
 
     def _discard(self, worker: _Worker) -> None:
         """Stop a hung or dead worker; `map` starts a replacement when there is work for it."""
