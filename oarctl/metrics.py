@@ -21,3 +21,34 @@ def group_metrics(rewards_by_prompt: dict[str, list[float]], ks: list[int]) -> d
     for k in ks:
         metrics[f"pass@{k}"] = float(np.mean([pass_at_k(s, c, k) for s, c in counts]))
     return metrics
+
+
+def majority_correct(answers: list[str | None], rewards: list[float]) -> float:
+    """1.0 when the most frequent answer (normalized; None = no answer, which never votes) is correct.
+
+    Ties go to the answer that appeared first, so the result depends only on the sample order.
+    The reward of the winning answer is that of its first sample (equal answers get equal verdicts).
+    """
+    counts: dict[str, int] = {}
+    first_reward: dict[str, float] = {}
+    for answer, reward in zip(answers, rewards):
+        if answer is None:
+            continue
+        counts[answer] = counts.get(answer, 0) + 1
+        first_reward.setdefault(answer, reward)
+    if not counts:
+        return 0.0
+    best = max(counts.values())
+    winner = next(answer for answer in counts if counts[answer] == best)  # dicts keep first-seen order
+    return float(first_reward[winner] > 0.5)
+
+
+def maj_at_k(samples: list[tuple[str | None, float]], k: int) -> float:
+    """Majority vote over the first k (answer, reward) samples of one prompt."""
+    head = samples[:k]
+    return majority_correct([a for a, _ in head], [r for _, r in head])
+
+
+def vote_metrics(samples_by_prompt: dict[str, list[tuple[str | None, float]]], ks: list[int]) -> dict[str, float]:
+    """Mean maj@k over prompts, for each k (samples in sample_index order)."""
+    return {f"maj@{k}": float(np.mean([maj_at_k(s, k) for s in samples_by_prompt.values()])) for k in ks}

@@ -21,6 +21,7 @@ import yaml
 from oarctl import config as config_module
 from oarctl.artifacts import temporary_sibling, write_parquet
 from oarctl.errors import OarError
+from oarctl.logging_backends import MetricsSinks
 from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
                            why_stale)
 from oarctl.stages import attribute, evaluate, reshape, sample, update, verify
@@ -38,7 +39,7 @@ class Stage:
 
 STAGES = {s.name: s for s in [
     Stage("sample", sample.run, {"prompts": "prompts"}, "rollouts", sample.VERSION, True),
-    Stage("verify", verify.run, {"rollouts": "rollouts"}, "verified", verify.VERSION, False),
+    Stage("verify", verify.run, {"rollouts": "rollouts"}, "verified", verify.VERSION, True),  # tokenizer
     Stage("attribute", attribute.run, {"verified": "verified"}, "attributions", attribute.VERSION, True),
     Stage("reshape", reshape.run, {"attributions": "attributions"}, "advantages", reshape.VERSION, False),
     Stage("update", update.run, {"advantages": "advantages"}, "policy", update.VERSION, True),
@@ -61,17 +62,41 @@ def _stage_context(name: str, config, step: int, policy_path: Path | None) -> St
         import torch
         torch.set_num_threads(config.policy.threads)
     uses_reference = name == "update" and config.update.kl_coef > 0
+    if policy_path is None:  # a stage run on its own uses the configured policy
+        policy_path = resolve_policy_path(config.policy.path)
     return StageContext(
-        seed=config.run.seed, step=step, progress=config.run.progress,
-        policy=Policy(policy_path, config.policy.device) if STAGES[name].uses_policy else None,
+        seed=config.run.seed, step=step, progress=config.run.progress, prompt_template=config.data.prompt_template,
+        policy=_policy(config, policy_path, name) if STAGES[name].uses_policy else None,
         reference=Policy(resolve_policy_path(config.policy.path), config.policy.device) if uses_reference else None)
+
+
+def _policy(config, path: Path, stage: str) -> Policy:
+    """Only the generating stages get a backend other than transformers (it is in their cache key)."""
+    from oarctl.policy.backends import resolve
+
+    backend = resolve(config.policy.backend) if stage in ("sample", "evaluate") else "transformers"
+    return Policy(path, config.policy.device, backend, config_module.section_dict(config, "vllm"))
+
+
+TEMPLATED_STAGES = ("sample", "evaluate")
+
+
+def key_section(config, name: str) -> dict:
+    """The stage's config section as its cache key sees it. Stages that build prompts also depend on
+    data.prompt_template; it joins the key only when not the default, so older runs keep their keys."""
+    from oarctl.templates import DEFAULT, resolve
+
+    section = config_module.section_dict(config, name)
+    if name in TEMPLATED_STAGES and config.data.prompt_template != DEFAULT:
+        section["prompt_template"] = resolve(config.data.prompt_template).identity
+    return section
 
 
 def run_stage(name: str, config, input_paths: dict[str, Path], output: Path, *, step: int = 0,
               policy_path: Path | None = None, force: bool = False, log=print) -> tuple[dict, bool]:
     """Run one stage (cached) with the config's section; the CLI and the loop both come here."""
     context = _stage_context(name, config, step, policy_path)
-    return run_cached(STAGES[name], config_module.section_dict(config, name), getattr(config, name),
+    return run_cached(STAGES[name], key_section(config, name), getattr(config, name),
                       input_paths, output, context, force=force, log=log)
 
 
@@ -82,7 +107,7 @@ def stage_state(name: str, config, input_paths: dict[str, Path], output: Path, *
     if missing:
         return "waiting for " + ", ".join(missing)
     context = _stage_context(name, config, step, policy_path)
-    parts = key_parts(STAGES[name], config_module.section_dict(config, name), input_paths, context)
+    parts = key_parts(STAGES[name], key_section(config, name), input_paths, context)
     return why_stale(output, parts) or "done"
 
 
@@ -111,7 +136,40 @@ def prepare_run_dir(run_dir: Path, config) -> dict[str, Path]:
         table = load_prompts(source, split, config)
         if not paths[split].exists() or not pq.read_table(paths[split]).equals(table):
             write_parquet(table, paths[split])
+    paths["eval"] = evaluation_prompts(config, paths["heldout"], run_dir / "data" / "benchmarks.parquet")
     return paths
+
+
+def evaluation_prompts(config, heldout: Path | None, benchmarks_path: Path) -> Path:
+    """What evaluate scores: the held-out file, or evaluate.benchmarks written as one prompts table
+    (rewritten only when its content changed, so its hash, and evaluate's cache, stay put)."""
+    import pyarrow.parquet as pq
+
+    from oarctl.data import load_benchmarks
+
+    if not config.evaluate.benchmarks:
+        return heldout
+    table = load_benchmarks(config)
+    if not benchmarks_path.exists() or not pq.read_table(benchmarks_path).equals(table):
+        write_parquet(table, benchmarks_path)
+    return benchmarks_path
+
+
+def evaluate_command(config, prompts: Path | None, output: Path, policy_path: Path, force: bool = False,
+                     log=print) -> tuple[dict, bool]:
+    """`oarctl evaluate`: score PROMPTS or evaluate.benchmarks, write `<output>.summary.{md,json}`."""
+    from oarctl import summary
+
+    if prompts is not None and config.evaluate.benchmarks:
+        raise OarError(f"{prompts}: give either a prompts file or evaluate.benchmarks, not both")
+    if prompts is None and not config.evaluate.benchmarks:
+        raise OarError("evaluate: give a prompts file, or set evaluate.benchmarks in the config")
+    source = evaluation_prompts(config, prompts, output.with_name(output.stem + ".benchmarks.parquet"))
+    manifest, ran = run_stage("evaluate", config, {"prompts": source}, output, policy_path=policy_path,
+                              force=force, log=log)
+    _write_text_atomically(output.with_name(output.name + ".summary.md"), summary.markdown(manifest["metrics"]))
+    _write_text_atomically(output.with_name(output.name + ".summary.json"), summary.as_json(manifest["metrics"]))
+    return manifest, ran
 
 
 def _evaluate(config, heldout: Path, policy: Path, output: Path, force: bool, log) -> dict:
@@ -161,8 +219,9 @@ def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
     data = prepare_run_dir(run_dir, config)
     base = resolve_policy_path(config.policy.path)
     lines = [{"kind": "eval", "after_steps": 0,
-              **_flatten("eval", _evaluate(config, data["heldout"], base, run_dir / "eval" / "base.parquet", force, log))}]
+              **_flatten("eval", _evaluate(config, data["eval"], base, run_dir / "eval" / "base.parquet", force, log))}]
     policy, steps = base, config.run.steps
+    sinks = MetricsSinks(config.logging, run_dir)  # TensorBoard / W&B beside metrics.jsonl, as configured
     for step in range(steps):
         metrics = _run_step(config, run_dir, step, data["train"], policy, force, log)
         policy = step_dir(run_dir, step) / "policy"
@@ -174,10 +233,13 @@ def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
         if _evaluated(step, config):
             output = run_dir / "eval" / f"step_{step:04d}.parquet"
             lines.append({"kind": "eval", "after_steps": step + 1,
-                          **_flatten("eval", _evaluate(config, data["heldout"], policy, output, force, log))})
+                          **_flatten("eval", _evaluate(config, data["eval"], policy, output, force, log))})
         _write_text_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
+        sinks.send(lines)
         _prune(run_dir, step, config)
     _write_text_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
+    sinks.send(lines)
+    sinks.close()
     evals = [x for x in lines if x["kind"] == "eval"]
     return {"base": evals[0], "final": evals[-1], "policy": str(policy)}
 
@@ -193,6 +255,8 @@ def _step_summary(step: int, steps: int, line: dict) -> str:
 def run_status(run_dir: Path, config) -> list[tuple[str, str, str]]:
     """(where, stage, state) rows, state = 'done' or the reason the stage would run."""
     train, heldout = run_dir / "data" / "train.parquet", run_dir / "data" / "heldout.parquet"
+    if config.evaluate.benchmarks:
+        heldout = run_dir / "data" / "benchmarks.parquet"
     base = resolve_policy_path(config.policy.path)
     rows = [("eval/base", "evaluate",
              stage_state("evaluate", config, {"prompts": heldout}, run_dir / "eval" / "base.parquet", policy_path=base))]

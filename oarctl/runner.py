@@ -26,6 +26,8 @@ class Policy:
     """A policy folder, loaded only when a stage asks for the model."""
     path: Path
     device: str = "cpu"
+    backend: str = "transformers"  # concrete generation backend (oarctl.policy.backends), never "auto"
+    vllm: dict | None = None  # the vllm config section, for backend "vllm"
     _loaded: tuple | None = None
 
     @property
@@ -49,6 +51,7 @@ class StageContext:
     policy: Policy | None = None
     reference: Policy | None = None  # only set when the stage needs one (update with a KL term)
     progress: bool = False
+    prompt_template: str = "chat"  # data.prompt_template, for the stages that build prompts
 
 
 @dataclass
@@ -88,6 +91,11 @@ def sweep_dead_temporaries(folder: Path) -> None:
             _remove_if_dead(leftover)
 
 
+def is_main_process() -> bool:
+    """Under `accelerate launch` every rank runs the stage; only rank 0 touches the output files."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def manifest_path(output: Path) -> Path:
     return output.with_name(output.name + ".manifest.json")
 
@@ -106,6 +114,8 @@ def key_parts(stage, section: dict, input_paths: dict[str, Path], context: Stage
     inputs = {name: _input_hash(path) for name, path in sorted(input_paths.items())}
     if context.policy is not None:
         inputs["policy"] = context.policy.identity
+        if context.policy.backend != "transformers":  # other samples, same policy: keys of old runs unchanged
+            inputs["backend"] = context.policy.backend
     if context.reference is not None:
         inputs["reference"] = context.reference.identity
     return {"stage": stage.name, "version": stage.version, "config": section, "inputs": inputs,
@@ -136,10 +146,12 @@ def why_stale(output: Path, parts: dict) -> str | None:
     return "changed: " + ", ".join(changed or ["key"])
 
 
-def _write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, output_hash: str) -> dict:
+def _write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, output_hash: str | None) -> dict:
     manifest = {"stage": parts["stage"], "key": _canonical_hash(parts), "key_parts": parts,
                 "output_sha256": output_hash, "metrics": metrics, "wall_seconds": round(seconds, 3),
                 "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if not is_main_process():
+        return manifest  # rank 0 writes it
     path = manifest_path(output)
     temporary = temporary_sibling(path)
     temporary.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))
@@ -169,14 +181,15 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
         return read_manifest(output), False
     inputs = {name: read_artifact(path, stage.inputs[name]) for name, path in input_paths.items()}
     log(f"[{stage.name}] {output} ({reason})")
-    manifest_path(output).unlink(missing_ok=True)  # the old output is no longer vouched for
-    remove_dead_temporaries(output)
+    if is_main_process():
+        manifest_path(output).unlink(missing_ok=True)  # the old output is no longer vouched for
+        remove_dead_temporaries(output)
     started = time.perf_counter()
     try:
         result = stage.function(inputs, section_config, context)
     except InputError as error:  # a problem of one row of the input: name the file
         raise OarError(f"{' + '.join(map(str, input_paths.values()))}: {error}") from None
-    output_hash = _write_outputs(stage, result, output)
+    output_hash = _write_outputs(stage, result, output) if is_main_process() else None
     return _write_manifest(output, parts, result.metrics, time.perf_counter() - started, output_hash), True
 
 

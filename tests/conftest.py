@@ -190,19 +190,25 @@ def hidden_temporaries(folder: Path) -> list[Path]:
 
 # ---- artifact builders (valid and broken input files) -------------------------------------------
 
+# Two responses as the toy tokenizer encodes them (the first with its eos), so the verify stage maps
+# answer spans to tokens as it does on sampled rollouts, and attribution has reasoning to score.
+TOY_RESPONSES = [("1+1=2 \\boxed{2}", [4, 75, 4, 83, 5, 97, 100, 5, 95, 2], "stop"),
+                 ("1+1=3 \\boxed{3}", [4, 75, 4, 83, 6, 97, 100, 6, 95], "length")]
+
+
 def rollouts_columns(rows: int = 2) -> dict:
-    """Python columns of a small valid rollouts table (response lengths 3, 2, 3, 2, ...)."""
-    lengths = [3 if i % 2 == 0 else 2 for i in range(rows)]
+    """Python columns of a small valid rollouts table (response lengths 10, 9, 10, 9, ...)."""
+    responses = [TOY_RESPONSES[i % 2] for i in range(rows)]
     return {
         "prompt_id": [f"p{i // 2}" for i in range(rows)],
         "problem": ["Compute 1+1."] * rows,
         "answer": ["2"] * rows,
         "sample_index": [i % 2 for i in range(rows)],
         "prompt_token_ids": [[1, 2, 3]] * rows,
-        "response_token_ids": [list(range(10, 10 + n)) for n in lengths],
-        "response_logprobs": [[-0.5] * n for n in lengths],
-        "response_text": ["\\boxed{2}" if i % 2 == 0 else "\\boxed{3}" for i in range(rows)],
-        "finish_reason": ["stop"] * rows,
+        "response_token_ids": [ids for _, ids, _ in responses],
+        "response_logprobs": [[-0.5] * len(ids) for _, ids, _ in responses],
+        "response_text": [text for text, _, _ in responses],
+        "finish_reason": [finish for _, _, finish in responses],
         "temperature": [1.0] * rows,
     }
 
@@ -251,6 +257,6 @@ BAD_ROLLOUTS = {
     "mistyped-column": (lambda p: write_rollouts(p, temperature=["hot", "cold"]), ["'temperature'", "string"]),
     "mistyped-token-column": (lambda p: write_rollouts(p, response_token_ids=[["a"], ["b", "c"]]),
                               ["'response_token_ids'"]),
-    "misaligned-tokens": (lambda p: write_rollouts(p, response_logprobs=[[-0.5] * 3, [-0.5] * 3]),
-                          ["row 1", "'response_logprobs'", "3 values for 2"]),
+    "misaligned-tokens": (lambda p: write_rollouts(p, response_logprobs=[[-0.5] * 10, [-0.5] * 10]),
+                          ["row 1", "'response_logprobs'", "10 values for 9"]),
 }

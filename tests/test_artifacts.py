@@ -17,7 +17,8 @@ from oarctl.errors import OarError
 def verified_table(**replace) -> pa.Table:
     table = extend_table(make_table(rollouts_columns(2), "rollouts"),
                          {"extracted_answer": ["2", None], "reward": [1.0, 0.0], "answer_char_start": [7, -1],
-                          "answer_char_end": [8, -1], "normalized_answer": ["2", None], "normalized_gold": ["2", "2"],
+                          "answer_char_end": [8, -1], "answer_token_start": [3, -1], "answer_token_end": [4, -1],
+                          "normalized_answer": ["2", None], "normalized_gold": ["2", "2"],
                           "verdict": ["correct", "no_answer"], "parse_ok": [True, False],
                           "timed_out": [False, False]}, "verified")
     for name, value in replace.items():
@@ -96,10 +97,10 @@ def attributions_table(**columns) -> pa.Table:
 
 
 def test_misaligned_token_scores_name_the_row(tmp_path):
-    table = attributions_table(attribution_method=["uniform"] * 2, token_scores=[[1.0, 1.0, 1.0], [1.0]])
+    table = attributions_table(attribution_method=["uniform"] * 2, token_scores=[[1.0] * 10, [1.0]])
     path = tmp_path / "a.parquet"
     pq.write_table(table, path)
-    with pytest.raises(OarError, match=r"row 1: column 'token_scores' has 1 values for 2 response tokens"):
+    with pytest.raises(OarError, match=r"row 1: column 'token_scores' has 1 values for 9 response tokens"):
         read_artifact(path, "attributions")
 
 

@@ -8,9 +8,12 @@ import os
 
 import pyarrow.parquet as pq
 import pytest
+
+from oarctl.checkpoints import policy_identity
+from oarctl.pipeline import resolve_policy_path
 import torch
 
-from conftest import hidden_temporaries, sha256, write_rollouts
+from conftest import TOY_RESPONSES, hidden_temporaries, sha256, write_rollouts
 from oarctl import pipeline
 from oarctl.config import load_config, section_dict
 from oarctl.errors import OarError
@@ -78,7 +81,9 @@ def test_manifest_records_key_parts_and_output_hash(settings, rollouts, tmp_path
     on_disk = json.loads(manifest_path(output).read_text())
     assert on_disk["key"] == manifest["key"] and on_disk["stage"] == "verify"
     assert on_disk["output_sha256"] == sha256(output)
-    assert on_disk["key_parts"]["inputs"] == {"rollouts": sha256(rollouts)}
+    # verify reads the policy's tokenizer (answer token spans), so the policy is part of its key
+    assert on_disk["key_parts"]["inputs"] == {"rollouts": sha256(rollouts),
+                                              "policy": policy_identity(resolve_policy_path(config.policy.path))}
     assert on_disk["key_parts"]["config"] == section_dict(config, "verify")
     assert on_disk["metrics"]["reward_mean"] == pytest.approx(0.5)
     assert {"finished_at", "wall_seconds"} <= set(on_disk)
@@ -120,7 +125,9 @@ def test_input_content_change_reruns_but_a_rewrite_does_not(settings, rollouts, 
     rollouts.write_bytes(data)  # same bytes, new file and mtime
     os.utime(rollouts, (1, 1))
     assert stage_state("verify", config, {"rollouts": rollouts}, output) == "done"
-    write_rollouts(rollouts, rows=4, response_text=["\\boxed{2}"] * 4)
+    text, ids, finish = TOY_RESPONSES[0]  # every response is the correct one
+    write_rollouts(rollouts, rows=4, response_text=[text] * 4, response_token_ids=[ids] * 4,
+                   response_logprobs=[[-0.5] * len(ids)] * 4, finish_reason=[finish] * 4)
     assert stage_state("verify", config, {"rollouts": rollouts}, output) == "changed: input rollouts"
     manifest, ran = verify(config, rollouts, output)
     assert ran and spy["verify"] == 2 and manifest["metrics"]["reward_mean"] == 1.0

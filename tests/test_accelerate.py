@@ -1,0 +1,192 @@
+"""The update stage under `accelerate launch`: 2 CPU processes (gloo, DDP) train the same weights as
+one plain process; token-budget micro-batches give the gradient of fixed-size ones."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from oarctl.artifacts import read_artifact, write_parquet
+from oarctl.batching import fixed_size, loss_share, plan_step, token_budget
+from oarctl.config import load_config
+from oarctl.stages import update
+
+ROOT = Path(__file__).resolve().parents[1]
+UPDATE = {"mini_batch_size": 8, "micro_batch_size": 3, "learning_rate": 1e-3}
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory, tiny_policy, signal_data) -> dict[str, Path]:
+    """A 16-row advantages file with mixed rewards, made by the real stage commands; and its config."""
+    from typer.testing import CliRunner
+
+    from oarctl.cli import app
+    from oarctl.data import load_prompts
+
+    folder = tmp_path_factory.mktemp("accelerate")
+    config = folder / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "run": {"progress": False}, "policy": {"path": str(tiny_policy)},
+        "data": {"train": str(signal_data["train"]), "heldout": str(signal_data["heldout"])},
+        "sample": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16}, "update": UPDATE}))
+    prompts = folder / "prompts.parquet"
+    write_parquet(load_prompts(str(signal_data["train"]), "train", load_config(config)), prompts)
+    previous = prompts
+    for name, output in (("sample", "rollouts"), ("verify", "verified"), ("attribute", "attributions"),
+                         ("reshape", "advantages")):
+        result = CliRunner().invoke(app, [name, str(previous), "-o", str(folder / f"{output}.parquet"),
+                                          "-c", str(config)])
+        assert result.exit_code == 0, result.output
+        previous = folder / f"{output}.parquet"
+    return {"advantages": previous, "config": config, "folder": folder}
+
+
+def _free_port() -> int:
+    with socket.socket() as handle:
+        handle.bind(("127.0.0.1", 0))
+        return handle.getsockname()[1]
+
+
+def _launch_update(batch: dict, policy: Path, output: Path) -> subprocess.CompletedProcess:
+    launcher = Path(sys.executable).parent / "accelerate"
+    return subprocess.run(
+        [str(launcher), "launch", "--config_file", str(ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"),
+         "--main_process_port", str(_free_port()), "-m", "oarctl.cli", "update", str(batch["advantages"]),
+         "-o", str(output), "--policy", str(policy), "-c", str(batch["config"])],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_two_processes_train_the_weights_of_one(cli, batch, tiny_policy):
+    """~16 s (idle cores) to ~45 s (busy): the launcher and two ranks each import torch."""
+    single, double = batch["folder"] / "policy-1", batch["folder"] / "policy-2"
+    result = cli("update", batch["advantages"], "-o", single, "--policy", tiny_policy, "-c", batch["config"])
+    assert result.exit_code == 0, result.output
+    started = time.perf_counter()
+    launched = _launch_update(batch, tiny_policy, double)
+    print(f"2-process update: {time.perf_counter() - started:.1f} s")
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert launched.stdout.count(f"update: wrote {double}") == 2  # both ranks ran the stage
+
+    initial = load_file(tiny_policy / "model.safetensors")
+    one, two = load_file(single / "model.safetensors"), load_file(double / "model.safetensors")
+    assert one.keys() == two.keys()
+    moved = max(float((one[k] - initial[k]).abs().max()) for k in one)
+    difference = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"max |w1 - w0| = {moved:.3e}, max |w1 - w2| = {difference:.3e}")
+    assert moved > 1e-4  # the update really changed the weights
+    assert difference < 1e-5
+    moments_one, moments_two = load_file(single / "optimizer.safetensors"), load_file(double / "optimizer.safetensors")
+    assert moments_one.keys() == moments_two.keys()
+    assert max(float((moments_one[k] - moments_two[k]).abs().max()) for k in moments_one) < 1e-5
+    log_one, log_two = pq.read_table(single / "update.parquet"), pq.read_table(double / "update.parquet")
+    assert log_one.column_names == log_two.column_names and log_one.num_rows == log_two.num_rows == 2
+    # token means inside a micro-batch (entropy, ratio_mean, clip_fraction) are logged with sequence
+    # weights, so they depend on how rows are cut; these do not
+    for name in ("loss", "pg_loss", "kl", "tokens", "grad_norm"):
+        assert log_two[name].to_pylist() == pytest.approx(log_one[name].to_pylist(), rel=1e-4, abs=1e-6), name
+    assert (batch["folder"] / "policy-2.manifest.json").exists()
+    assert not list(batch["folder"].glob(".policy-2*"))  # rank 1 wrote no temporary
+
+
+# ---- token-budget micro-batches ------------------------------------------------------------------
+
+def _rows(widths: list[tuple[int, int]]) -> list[dict]:
+    return [{"prompt_token_ids": [1] * p, "response_token_ids": [2] * r} for p, r in widths]
+
+
+def test_token_budget_packs_every_row_once_within_the_budget():
+    rows = _rows([(3, 5), (3, 1), (4, 9), (2, 2), (3, 3), (5, 10), (1, 1)])
+    widths = [len(r["prompt_token_ids"]) + len(r["response_token_ids"]) for r in rows]
+    groups = token_budget(list(range(len(rows))), widths, budget=20)
+    assert sorted(i for group in groups for i in group) == list(range(len(rows)))
+    assert all(len(group) * max(widths[i] for i in group) <= 20 for group in groups)
+    assert groups == [[5], [2], [0, 4], [1, 3, 6]]  # widths 15, 13, 8+6, 4+4+2: longest first, ties by position
+    assert token_budget([0, 1], [30, 4], budget=20) == [[0], [1]]  # a row wider than the budget is alone
+
+
+def test_loss_shares_sum_to_one_however_the_rows_are_cut():
+    rows = _rows([(2, n) for n in (5, 1, 9, 2, 3)])
+    for aggregation in ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"):
+        for groups in (fixed_size([0, 1, 2, 3, 4], 2), [[2, 0], [4], [3, 1]]):
+            shares = [loss_share(rows, group, aggregation) for group in groups]
+            assert sum(n for n, _ in shares) == shares[0][1]
+    assert loss_share(rows, [0, 2], "token-mean") == (14, 20)
+    assert loss_share(rows, [0, 2], "seq-mean-token-mean") == (2, 5)
+
+
+def _gradient(model, rows, plan, config, pad_id: int) -> dict:
+    model.zero_grad(set_to_none=True)
+    for micro in plan:
+        batch = {key: [rows[i][key] for i in micro.rows] for key in rows[0]}
+        loss, _ = update._micro_batch_loss(model, None, batch, config, pad_id)
+        (loss * micro.numerator / micro.denominator).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+def test_token_budget_micro_batches_give_the_gradient_of_fixed_ones(batch, tiny_policy, aggregation):
+    from oarctl.checkpoints import load_policy
+
+    rows = read_artifact(batch["advantages"], "advantages").select(update.COLUMNS).to_pylist()
+    model, tokenizer = load_policy(tiny_policy)
+    model.train()
+    widest = max(len(r["prompt_token_ids"]) + len(r["response_token_ids"]) for r in rows)
+    overrides = [f"update.loss_aggregation={aggregation}"]
+    whole = load_config(None, overrides + ["update.mini_batch_size=16", "update.micro_batch_size=16"]).update
+    packed = load_config(None, overrides + [f"update.micro_batch_tokens={3 * widest}"]).update
+    fixed = load_config(None, overrides + ["update.micro_batch_size=5"]).update
+    # one forward over all rows
+    reference = _gradient(model, rows, plan_step(rows, whole), whole, tokenizer.pad_token_id)
+    plan = plan_step(rows, packed)
+    assert len(plan) > 3 and sorted(i for micro in plan for i in micro.rows) == list(range(len(rows)))
+    for config, micro_plan in ((packed, plan), (fixed, plan_step(rows, fixed))):
+        gradient = _gradient(model, rows, micro_plan, config, tokenizer.pad_token_id)
+        for name, value in reference.items():
+            torch.testing.assert_close(gradient[name], value, atol=1e-6, rtol=1e-5)
+
+
+# ---- config, launcher files, rank 0 writes -------------------------------------------------------
+
+@pytest.mark.parametrize("override, option", [("update.micro_batch_tokens=-1", "update.micro_batch_tokens"),
+                                              ("update.bf16=3", "update.bf16"),
+                                              ("update.gradient_checkpointing=maybe", "update.gradient_checkpointing")])
+def test_scale_options_are_validated(override, option):
+    from oarctl.errors import OarError
+
+    with pytest.raises(OarError, match=option.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize("name, kind", [("ddp", "MULTI_GPU"), ("fsdp", "FSDP"), ("deepspeed_zero3", "DEEPSPEED"),
+                                        ("cpu-2proc", "MULTI_GPU")])
+def test_accelerate_configs_load_and_say_how_to_run_them(name, kind):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    path = ROOT / "configs" / "accelerate" / f"{name}.yaml"
+    config = load_config_from_file(str(path))
+    assert config.distributed_type == kind
+    assert f"--config_file configs/accelerate/{name}.yaml -m oarctl.cli update" in path.read_text()
+    if kind == "FSDP":
+        assert config.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "Qwen2DecoderLayer"
+        assert config.fsdp_config["fsdp_sharding_strategy"] == "FULL_SHARD"
+    if kind == "DEEPSPEED":
+        assert config.deepspeed_config["zero_stage"] == 3 and config.mixed_precision == "bf16"
+
+
+def test_a_rank_other_than_zero_writes_nothing(batch, tiny_policy, tmp_path, monkeypatch):
+    from oarctl.pipeline import run_stage
+
+    monkeypatch.setenv("RANK", "1")  # without WORLD_SIZE the stage itself runs as one plain process
+    output = tmp_path / "policy"
+    manifest, ran = run_stage("update", load_config(batch["config"]), {"advantages": batch["advantages"]}, output,
+                              policy_path=tiny_policy, log=lambda *a: None)
+    assert ran and manifest["metrics"]["tokens"] > 0
+    assert list(tmp_path.iterdir()) == []

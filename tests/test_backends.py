@@ -1,0 +1,84 @@
+"""The generation backend registry (CPU, no vllm needed): names, auto, config checks, cache keys."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oarctl.config import load_config
+from oarctl.errors import OarError
+from oarctl.policy import backends
+from oarctl.runner import Policy, StageContext, key_parts
+
+
+def test_the_registry_holds_both_backends():
+    assert backends.BACKENDS.names() == ["transformers", "vllm"]
+    with pytest.raises(OarError, match="unknown generation backend 'tensorrt'; choose one of: transformers, vllm"):
+        backends.BACKENDS.get("tensorrt")
+
+
+@pytest.mark.parametrize("cuda, installed, expected", [
+    (True, True, "vllm"), (True, False, "transformers"), (False, True, "transformers"), (False, False, "transformers")])
+def test_auto_is_vllm_only_with_cuda_and_vllm(monkeypatch, cuda, installed, expected):
+    monkeypatch.setattr(backends, "cuda_available", lambda: cuda)
+    monkeypatch.setattr(backends, "vllm_installed", lambda: installed)
+    assert backends.resolve("auto") == expected
+    assert backends.resolve("transformers") == "transformers" and backends.resolve("vllm") == "vllm"
+
+
+def test_generate_dispatches_on_the_policy_backend(monkeypatch):
+    calls = []
+    monkeypatch.setitem(backends.BACKENDS._entries, "vllm", lambda policy, prompts, **kw: calls.append(kw) or ["g"])
+    result = backends.generate(Policy(Path("p"), backend="vllm"), [[1, 2]], temperature=1.0, top_p=1.0,
+                               max_new_tokens=4, seed=3, batch_size=8)
+    assert result == ["g"] and calls[0]["seed"] == 3 and calls[0]["max_new_tokens"] == 4
+
+
+def test_transformers_backend_through_the_registry(tiny_policy):
+    from oarctl.policy import transformers_backend
+    from oarctl.stages.sample import prompt_token_ids
+
+    policy = Policy(tiny_policy)
+    model, tokenizer = policy.load()
+    prompts = [prompt_token_ids(tokenizer, "Compute 12+3.")] * 3
+    settings = dict(temperature=1.0, top_p=1.0, max_new_tokens=6, seed=2, batch_size=2)
+    assert backends.generate(policy, prompts, **settings) == transformers_backend.generate(model, tokenizer, prompts,
+                                                                                             **settings)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("policy.backend=tensorrt", "policy.backend must be one of"),
+    ("vllm.dtype=int8", "vllm.dtype must be one of"),
+    ("vllm.tensor_parallel_size=0", "vllm.tensor_parallel_size"),
+    ("vllm.canary_tokens=-1", "vllm.canary_tokens"),
+])
+def test_backend_options_are_checked_at_load(override, message):
+    with pytest.raises(OarError, match=message):
+        load_config(None, [override])
+
+
+def test_vllm_refuses_top_p_below_one():
+    with pytest.raises(OarError, match="sample.top_p must be 1 with policy.backend vllm"):
+        load_config(None, ["policy.backend=vllm", "sample.top_p=0.9"])
+    assert load_config(None, ["policy.backend=auto"]).policy.backend == "auto"
+
+
+def test_the_backend_is_in_the_cache_key_only_when_not_transformers(tiny_policy):
+    class Stage:
+        name, version = "sample", "1"
+
+    def parts(backend):
+        context = StageContext(seed=0, step=0, policy=Policy(tiny_policy, backend=backend))
+        return key_parts(Stage, {}, {}, context)["inputs"]
+
+    assert set(parts("transformers")) == {"policy"}  # keys of runs made before the registry are unchanged
+    assert parts("vllm")["backend"] == "vllm"
+
+
+def test_the_pipeline_gives_only_generating_stages_the_backend(tiny_policy):
+    from oarctl.pipeline import _stage_context
+
+    config = load_config(None, ["policy.backend=vllm"])
+    assert _stage_context("sample", config, 0, tiny_policy).policy.backend == "vllm"
+    assert _stage_context("evaluate", config, 0, tiny_policy).policy.vllm["canary_tokens"] == 8
+    assert _stage_context("update", config, 0, tiny_policy).policy.backend == "transformers"

@@ -1,0 +1,60 @@
+"""`oarctl compare`: grouping by method, mean ± std over seeds, steps to target, time per step, on
+handmade run folders whose numbers are computed by hand."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+
+def fake_run(folder: Path, method: str, seed: int, accuracy: list[float], rewards: list[float],
+             seconds: float) -> Path:
+    """A run folder as `oarctl run` leaves it: config.yaml, metrics.jsonl, step manifests."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump({"run": {"seed": seed}, "attribute": {"method": method}}))
+    lines = [{"kind": "eval", "after_steps": 2 * i, "eval/greedy_accuracy": a, "eval/avg@4": a / 2}
+             for i, a in enumerate(accuracy)]
+    lines += [{"kind": "step", "step": s, "verify/reward_mean": r} for s, r in enumerate(rewards)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    for step in range(len(rewards)):
+        step_folder = folder / f"step_{step:04d}"
+        step_folder.mkdir()
+        for name in ("rollouts.parquet", "advantages.parquet", "policy"):  # stage times add up per step
+            (step_folder / f"{name}.manifest.json").write_text(json.dumps({"wall_seconds": seconds / 3}))
+    return folder
+
+
+def test_compare_groups_methods_and_aggregates_seeds(cli, tmp_path):
+    runs = [fake_run(tmp_path / "u0", "uniform", 0, [0.40, 0.42, 0.44], [0.3, 0.3, 0.4, 0.4], 3.0),
+            fake_run(tmp_path / "u1", "uniform", 1, [0.40, 0.44, 0.46], [0.3, 0.4, 0.4, 0.5], 6.0),
+            fake_run(tmp_path / "p0", "oar_p", 0, [0.40, 0.46, 0.50], [0.3, 0.5, 0.5, 0.6], 9.0)]
+    output = tmp_path / "out" / "compare.html"
+    result = cli("compare", *runs, "-o", output, "--target", 0.45)
+    assert result.exit_code == 0, result.output
+    rows = {line.split(" | ")[0].strip("| "): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    assert rows["uniform"] == "| uniform | 2 | 0,1 | 45.0 ± 1.4% | 22.5 ± 0.7% | 4 (1/2 seeds) | 4.50 |"
+    assert rows["oar_p"] == "| oar_p | 1 | 0 | 50.0 ± 0.0% | 25.0 ± 0.0% | 2 (1/1 seeds) | 9.00 |"
+    assert "steps to 45%" in rows["method"]
+    assert output.with_suffix(".md").read_text() == result.stdout
+    page = output.read_text()
+    assert "<table>" in page and "oar_p" in page and not re.search(r"https?://", page)
+    sources = re.findall(r'<img[^>]*src="data:image/png;base64,([^"]+)"', page)
+    assert len(sources) == 2 and all(base64.b64decode(s)[:4] == b"\x89PNG" for s in sources)
+    assert sorted(p.name for p in (output.parent / "compare").glob("*.png")) == ["accuracy.png", "reward.png"]
+
+
+def test_compare_never_reaching_the_target_prints_a_dash(cli, tmp_path):
+    run = fake_run(tmp_path / "r", "entropy", 3, [0.1, 0.2], [0.1], 1.0)
+    result = cli("compare", run, "-o", tmp_path / "c.html")
+    assert result.exit_code == 0, result.output
+    assert "| entropy | 1 | 3 | 20.0 ± 0.0% | 10.0 ± 0.0% | — | 1.00 |" in result.stdout
+
+
+def test_compare_errors_name_the_run(cli, tmp_path):
+    (tmp_path / "not_a_run").mkdir()
+    failed = cli("compare", tmp_path / "not_a_run", "-o", tmp_path / "c.html")
+    assert failed.exit_code == 2 and "config.yaml" in failed.stderr and len(failed.stderr.splitlines()) == 1
+    assert not (tmp_path / "c.html").exists()
