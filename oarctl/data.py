@@ -81,7 +81,8 @@ def _hub_rows(source: str, option: str, default_split: str):
     parts = source.split(":")
     if len(parts) > 3 or not all(parts):
         raise OarError(f"{option}: {source!r}: expected a file path or a hub dataset name[:config]:split")
-    name, subset, split = parts[0], (parts[1] if len(parts) == 3 else None), (parts[-1] if len(parts) > 1 else default_split)
+    name, subset = parts[0], (parts[1] if len(parts) == 3 else None)
+    split = parts[-1] if len(parts) > 1 else default_split
     from datasets import load_dataset
 
     try:
@@ -100,7 +101,8 @@ def _rows(source: str, option: str, default_split: str):
     if path.exists():
         readers = {".jsonl": _jsonl_rows, ".json": _json_rows, ".parquet": _parquet_rows}
         if path.suffix not in readers:
-            raise OarError(f"{path}: unknown data file type {path.suffix!r}; expected .jsonl, .json or .parquet ({option})")
+            raise OarError(f"{path}: unknown data file type {path.suffix!r}; "
+                           f"expected .jsonl, .json or .parquet ({option})")
         return readers[path.suffix](path)
     if path.suffix in FILE_SUFFIXES or source.startswith((".", "/", "~")):
         raise OarError(f"{path}: data file not found ({option})")
@@ -159,7 +161,8 @@ def read_prompts(source: str, option: str, data_config, *, default_split: str, l
             + (f"; dropped {off_level} outside data.levels {list(levels)}" if off_level else "")
             + (f"; dropped {empty} with an empty answer" if empty else ""))
     if not kept:
-        raise OarError(f"{source}: has no rows" + (" left after the filters" if empty or off_level else "") + f" ({option})")
+        filtered = " left after the filters" if empty or off_level else ""
+        raise OarError(f"{source}: has no rows{filtered} ({option})")
     return make_table({"prompt_id": [k[0] for k in kept], "problem": [k[1] for k in kept],
                        "answer": [k[2] for k in kept]}, "prompts")
 

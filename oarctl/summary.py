@@ -12,7 +12,8 @@ SETTINGS = ("samples", "temperature", "top_p", "max_new_tokens")
 
 def _score_names(metrics: dict) -> list[str]:
     """greedy, avg@n, pass@k..., maj@k... in the order evaluate wrote them."""
-    return [key for key in metrics if "/" not in key and (key == "greedy_accuracy" or key[:4] in ("avg@", "pass", "maj@"))]
+    return [key for key in metrics
+            if "/" not in key and (key == "greedy_accuracy" or key.startswith(("avg@", "pass@", "maj@")))]
 
 
 def summary(metrics: dict) -> dict:

@@ -82,3 +82,27 @@ def test_the_pipeline_gives_only_generating_stages_the_backend(tiny_policy):
     assert _stage_context("sample", config, 0, tiny_policy).policy.backend == "vllm"
     assert _stage_context("evaluate", config, 0, tiny_policy).policy.vllm["canary_tokens"] == 8
     assert _stage_context("update", config, 0, tiny_policy).policy.backend == "transformers"
+
+
+def test_the_canary_tolerance_follows_the_served_dtype(tmp_path):
+    import json
+
+    from oarctl.policy import vllm_backend  # importable without vllm: vllm is imported inside functions
+
+    settings = {"dtype": "auto", "canary_tolerance": 0.0}
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    assert vllm_backend.canary_tolerance(settings, tmp_path) == 2e-1
+    assert vllm_backend.canary_tolerance({**settings, "dtype": "float32"}, tmp_path) == 1e-2
+    assert vllm_backend.canary_tolerance({**settings, "canary_tolerance": 0.05}, tmp_path) == 0.05
+
+
+def test_an_update_checkpoint_is_served_without_its_optimizer_file(tmp_path):
+    from oarctl.policy import vllm_backend
+
+    for name in ("config.json", "model.safetensors", "optimizer.safetensors", "tokenizer.json"):
+        (tmp_path / name).write_text("x")
+    view = vllm_backend.weights_folder(tmp_path)
+    assert sorted(p.name for p in view.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert (view / "model.safetensors").resolve() == (tmp_path / "model.safetensors").resolve()
+    (tmp_path / "optimizer.safetensors").unlink()
+    assert vllm_backend.weights_folder(tmp_path) == tmp_path

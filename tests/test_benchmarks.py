@@ -129,3 +129,11 @@ def test_run_scores_the_benchmarks(cli, tiny_config, tmp_path, benchmark_files):
     assert result.exit_code == 0, result.output
     line = json.loads((tmp_path / "R" / "metrics.jsonl").read_text().splitlines()[0])
     assert {"eval/greedy_accuracy", "eval/first/greedy_accuracy", "eval/second/maj@2"} <= set(line)
+
+
+def test_cli_evaluate_any_model_folder_with_policy(cli, tiny_config, tmp_path, benchmark_files, random_policy):
+    """--policy takes a plain transformers folder (save_pretrained, no checkpoint.json of ours)."""
+    config = tiny_config(evaluate={"benchmarks": benchmark_files, "samples": 1, "pass_k": [1]})
+    result = cli("evaluate", "-c", config, "-o", tmp_path / "r.parquet", "--policy", random_policy)
+    assert result.exit_code == 0, result.output
+    assert "| **overall** | 5 |" in result.stdout

