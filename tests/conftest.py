@@ -184,8 +184,14 @@ def sha256(path: Path) -> str:
 
 
 def hidden_temporaries(folder: Path) -> list[Path]:
-    """Leftovers of `temporary_sibling`: hidden `.NAME.tmp-PID` files or folders."""
-    return sorted(p for p in Path(folder).rglob(".*") if ".tmp-" in p.name)
+    """Leftovers of `temporary_sibling`: hidden `.NAME.tmp-PID` files or folders. Safe to call while
+    a run writes: a temporary folder renamed into place during the walk makes the walk start over."""
+    for _ in range(100):
+        try:
+            return sorted(p for p in Path(folder).rglob(".*") if ".tmp-" in p.name)
+        except FileNotFoundError:
+            continue
+    raise AssertionError(f"{folder}: kept changing during 100 walks")
 
 
 # ---- artifact builders (valid and broken input files) -------------------------------------------
