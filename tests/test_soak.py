@@ -39,7 +39,20 @@ def resident_mb(pid: int) -> float:
 
 
 def folder_mb(folder: Path) -> float:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2 ** 20
+    """Size on disk; read while the run writes, so a file or folder may vanish (pruned, renamed)."""
+    for _ in range(100):
+        try:
+            paths = list(folder.rglob("*"))
+            break
+        except FileNotFoundError:
+            continue
+    total = 0
+    for path in paths:
+        try:
+            total += path.stat().st_size if path.is_file() else 0
+        except FileNotFoundError:
+            pass
+    return total / 2 ** 20
 
 
 def step_folder_sizes(run_dir: Path) -> tuple[list[float], list[int]]:
