@@ -44,6 +44,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from oarctl.artifacts import write_bytes_atomically
 from oarctl.errors import OarError
 
 # (prompt + response prefix) ids -> the generated continuation ids, one per prefix
@@ -198,12 +199,6 @@ def plot_recalls(means: dict, methods: Sequence[str], ks: Sequence[float], path:
     temporary = path.with_name(f".{path.name}.tmp.png")
     figure.savefig(temporary, dpi=120)
     plt.close(figure)
-    temporary.replace(path)
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
     temporary.replace(path)
 
 
@@ -372,7 +367,7 @@ def write_report(result, header: list[str], section, output: Path) -> str:
     """The markdown table (returned, and saved as OUTPUT.md) and the plot (OUTPUT.png)."""
     means = mean_recalls(result)
     report = markdown_report(means, section.methods, section.ks, header)
-    write_text_atomically(output.with_suffix(".md"), report)
+    write_bytes_atomically(output.with_suffix(".md"), report)
     rollouts = len(set(result.filter(result["causal_tokens"].to_numpy() > 0)["source_row"].to_pylist()))
     plot_recalls(means, section.methods, section.ks, output.with_suffix(".png"),
                  f"causal-token recall ({rollouts} rollouts with causal tokens)")

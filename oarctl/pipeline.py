@@ -19,7 +19,7 @@ from typing import Callable
 import yaml
 
 from oarctl import config as config_module
-from oarctl.artifacts import temporary_sibling, write_parquet
+from oarctl.artifacts import write_bytes_atomically, write_parquet
 from oarctl.errors import OarError
 from oarctl.logging_backends import MetricsSinks
 from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
@@ -136,12 +136,6 @@ def step_dir(run_dir: Path, step: int) -> Path:
     return run_dir / f"step_{step:04d}"
 
 
-def _write_text_atomically(path: Path, text: str) -> None:
-    temporary = temporary_sibling(path)
-    temporary.write_text(text)
-    temporary.replace(path)
-
-
 def prepare_run_dir(run_dir: Path, config) -> dict[str, Path]:
     """Record the config and write the prompt sets once (later stages hash these files)."""
     import pyarrow.parquet as pq
@@ -150,7 +144,7 @@ def prepare_run_dir(run_dir: Path, config) -> dict[str, Path]:
 
     run_dir.mkdir(parents=True, exist_ok=True)
     sweep_dead_temporaries(run_dir)
-    _write_text_atomically(run_dir / "config.yaml", yaml.safe_dump(config_module.to_dict(config), sort_keys=False))
+    write_bytes_atomically(run_dir / "config.yaml", yaml.safe_dump(config_module.to_dict(config), sort_keys=False))
     paths = {}
     for split, source in (("train", config.data.train), ("heldout", config.data.heldout)):
         paths[split] = run_dir / "data" / f"{split}.parquet"
@@ -188,8 +182,8 @@ def evaluate_command(config, prompts: Path | None, output: Path, policy_path: Pa
     source = evaluation_prompts(config, prompts, output.with_name(output.stem + ".benchmarks.parquet"))
     manifest, ran = run_stage("evaluate", config, {"prompts": source}, output, policy_path=policy_path,
                               force=force, log=log)
-    _write_text_atomically(output.with_name(output.name + ".summary.md"), summary.markdown(manifest["metrics"]))
-    _write_text_atomically(output.with_name(output.name + ".summary.json"), summary.as_json(manifest["metrics"]))
+    write_bytes_atomically(output.with_name(output.name + ".summary.md"), summary.markdown(manifest["metrics"]))
+    write_bytes_atomically(output.with_name(output.name + ".summary.json"), summary.as_json(manifest["metrics"]))
     return manifest, ran
 
 
@@ -255,10 +249,10 @@ def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
             output = run_dir / "eval" / f"step_{step:04d}.parquet"
             lines.append({"kind": "eval", "after_steps": step + 1,
                           **_flatten("eval", _evaluate(config, data["eval"], policy, output, force, log))})
-        _write_text_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
+        write_bytes_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
         sinks.send(lines)
         _prune(run_dir, step, config)
-    _write_text_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
+    write_bytes_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
     sinks.send(lines)
     sinks.close()
     evals = [x for x in lines if x["kind"] == "eval"]
