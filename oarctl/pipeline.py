@@ -83,7 +83,7 @@ def _stage_context(name: str, config, step: int, policy_path: Path | None) -> St
         import torch
         torch.set_num_threads(config.policy.threads)
     uses_reference = name == "update" and config.update.kl_coef > 0
-    if policy_path is None:  # a stage run on its own uses the configured policy
+    if policy_path is None and STAGES[name].uses_policy:  # a stage run on its own uses the configured policy
         policy_path = resolve_policy_path(config.policy.path)
     return StageContext(
         seed=config.run.seed, step=step, progress=config.run.progress, prompt_template=config.data.prompt_template,
@@ -151,8 +151,12 @@ def prepare_run_dir(run_dir: Path, config) -> dict[str, Path]:
         table = load_prompts(source, split, config)
         if not paths[split].exists() or not pq.read_table(paths[split]).equals(table):
             write_parquet(table, paths[split])
-    paths["eval"] = evaluation_prompts(config, paths["heldout"], run_dir / "data" / "benchmarks.parquet")
+    paths["eval"] = evaluation_prompts(config, paths["heldout"], _benchmarks_path(run_dir))
     return paths
+
+
+def _benchmarks_path(run_dir: Path) -> Path:
+    return run_dir / "data" / "benchmarks.parquet"
 
 
 def evaluation_prompts(config, heldout: Path | None, benchmarks_path: Path) -> Path:
@@ -271,7 +275,7 @@ def run_status(run_dir: Path, config) -> list[tuple[str, str, str]]:
     """(where, stage, state) rows, state = 'done' or the reason the stage would run."""
     train, heldout = run_dir / "data" / "train.parquet", run_dir / "data" / "heldout.parquet"
     if config.evaluate.benchmarks:
-        heldout = run_dir / "data" / "benchmarks.parquet"
+        heldout = _benchmarks_path(run_dir)
     base = resolve_policy_path(config.policy.path)
     rows = [("eval/base", "evaluate",
              stage_state("evaluate", config, {"prompts": heldout}, run_dir / "eval" / "base.parquet", policy_path=base))]
