@@ -114,6 +114,8 @@ class UpdateConfig:
                                         "(0: off, use micro_batch_size)")
     bf16: bool = option(False, "bfloat16 autocast of the forward passes through accelerate (fp32 weights kept)")
     gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory")
+    accelerate_config: str = option("", "accelerate config file: `oarctl run` starts each update with `accelerate "
+                                        "launch --config_file FILE` (configs/accelerate/); empty: in the run's process")
 
 
 @dataclass
@@ -147,6 +149,8 @@ class FidelityConfig:
 class VllmConfig:
     dtype: str = option("auto", "vLLM weights/activations dtype: auto (the checkpoint's), float32, bfloat16, float16")
     tensor_parallel_size: int = option(1, "GPUs one vLLM engine shards the policy over")
+    data_parallel_size: int = option(1, "vLLM engines (replicas), each on its own tensor_parallel_size GPUs and "
+                                        "sampling a contiguous share of the prompts")
     gpu_memory_utilization: float = option(0.5, "share of GPU memory vLLM may take (the rest: the transformers "
                                                 "model of attribute/update/canary in the same process)")
     max_model_len: int = option(0, "longest prompt + response vLLM serves (0: the model's max positions)")
@@ -345,6 +349,7 @@ def _check_backend(config: Config) -> None:
     _check(config.vllm.dtype in ("auto", "float32", "bfloat16", "float16"),
            "vllm.dtype must be one of auto, float32, bfloat16, float16")
     _check(config.vllm.tensor_parallel_size >= 1, "vllm.tensor_parallel_size must be >= 1")
+    _check(config.vllm.data_parallel_size >= 1, "vllm.data_parallel_size must be >= 1")
     _check(0 < config.vllm.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization must be in (0, 1]")
     _check(config.vllm.max_model_len >= 0, "vllm.max_model_len must be >= 0")
     _check(config.vllm.cpu_kv_cache_gib >= 1, "vllm.cpu_kv_cache_gib must be >= 1")

@@ -21,6 +21,7 @@ import yaml
 from oarctl import config as config_module
 from oarctl.artifacts import write_bytes_atomically, write_parquet
 from oarctl.errors import OarError
+from oarctl.launch import launch_update
 from oarctl.logging_backends import MetricsSinks
 from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
                            why_stale)
@@ -108,6 +109,7 @@ def key_section(config, name: str) -> dict:
     from oarctl.templates import DEFAULT, resolve
 
     section = config_module.section_dict(config, name)
+    section.pop("accelerate_config", None)  # how the update is launched, not what it computes
     if name in TEMPLATED_STAGES and config.data.prompt_template != DEFAULT:
         section["prompt_template"] = resolve(config.data.prompt_template).identity
     return section
@@ -206,13 +208,27 @@ def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force
         stage = STAGES[name]
         output = folder / STEP_OUTPUTS[name]
         (input_name,) = stage.inputs
-        manifest, _ = run_stage(name, config, {input_name: previous[name]}, output, step=step,
-                                policy_path=policy, force=force, log=log)
+        inputs = {input_name: previous[name]}
+        if name == "update" and config.update.accelerate_config:
+            _launched_update(config, inputs, output, step, policy, run_dir, force, log)
+            force = False  # it is written now: run_stage below only reads its manifest
+        manifest, _ = run_stage(name, config, inputs, output, step=step, policy_path=policy, force=force, log=log)
         metrics[name] = manifest["metrics"]
         following = STEP_STAGES.index(name) + 1
         if following < len(STEP_STAGES):
             previous[STEP_STAGES[following]] = output
     return metrics
+
+
+def _launched_update(config, inputs: dict, output: Path, step: int, policy: Path, run_dir: Path, force: bool,
+                     log) -> None:
+    """The step's update under `accelerate launch` (oarctl/launch.py), unless it is already done."""
+    if not force and stage_state("update", config, inputs, output, step=step, policy_path=policy) == "done":
+        return
+    launch_update(config, inputs["advantages"], output, policy, step, run_dir / "config.yaml", force, log)
+    state = stage_state("update", config, inputs, output, step=step, policy_path=policy)
+    if state != "done":  # never train twice: the run would otherwise redo the update in its own process
+        raise OarError(f"{output}: the launched update did not leave this run's output ({state})")
 
 
 def _evaluated(step: int, config) -> bool:

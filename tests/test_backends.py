@@ -50,6 +50,7 @@ def test_transformers_backend_through_the_registry(tiny_policy):
     ("policy.backend=tensorrt", "policy.backend must be one of"),
     ("vllm.dtype=int8", "vllm.dtype must be one of"),
     ("vllm.tensor_parallel_size=0", "vllm.tensor_parallel_size"),
+    ("vllm.data_parallel_size=0", "vllm.data_parallel_size"),
     ("vllm.canary_tokens=-1", "vllm.canary_tokens"),
 ])
 def test_backend_options_are_checked_at_load(override, message):
@@ -106,3 +107,28 @@ def test_an_update_checkpoint_is_served_without_its_optimizer_file(tmp_path):
     assert (view / "model.safetensors").resolve() == (tmp_path / "model.safetensors").resolve()
     (tmp_path / "optimizer.safetensors").unlink()
     assert vllm_backend.weights_folder(tmp_path) == tmp_path
+
+
+def test_prompts_are_shared_out_in_contiguous_near_equal_parts():
+    from oarctl.policy.vllm_replicas import shares
+
+    parts = shares(10, 3)
+    assert [list(p) for p in parts] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert [len(p) for p in shares(2, 4)] == [1, 1, 0, 0]
+
+
+def test_each_replica_gets_its_own_gpus(monkeypatch):
+    from oarctl.policy.vllm_replicas import gpu_groups
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4,5,6,7")
+    assert gpu_groups(2, 2) == ["3,4", "5,6"]
+    with pytest.raises(OarError, match="data_parallel_size 3 x vllm.tensor_parallel_size 2 needs 6 GPUs; 5 are visible"):
+        gpu_groups(3, 2)
+
+
+def test_cpu_replicas_get_disjoint_cores(monkeypatch):
+    from oarctl.policy import vllm_replicas
+
+    monkeypatch.setattr(vllm_replicas.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5, 6})
+    assert vllm_replicas.core_groups(2) == ["0,1,2", "5,6"]
+    assert vllm_replicas.core_groups(6) == [None] * 6

@@ -234,3 +234,46 @@ def test_a_run_samples_each_step_from_the_checkpoint_update_wrote(served, cli, t
     for step in ("step_0000", "step_0001"):
         metrics = json.loads((run / step / "policy.manifest.json").read_text())["metrics"]
         assert abs(metrics["ratio_mean"] - 1.0) < 1e-4
+
+
+def _replicated(path, count=2):
+    from oarctl.runner import Policy
+
+    return Policy(path, backend="vllm", vllm={**SETTINGS, "data_parallel_size": count})
+
+
+def test_data_parallel_replicas_sample_what_one_engine_samples(served, tiny_policy, random_policy):
+    """Two worker engines, each given half of the prompts, give the samples of one engine (seeds follow
+    the global request index), and a second call on another checkpoint is served by both."""
+    from oarctl.policy import vllm_replicas
+
+    prompts = served[3] * 3  # 12 requests, 6 per replica
+    settings = dict(temperature=1.0, top_p=1.0, max_new_tokens=12, seed=5)
+    try:
+        for path in (tiny_policy, random_policy):
+            single = _sample(_on(path), prompts, temperature=1.0, max_new_tokens=12, seed=5)
+            replicated = vllm_backend.generate(_replicated(path), prompts, **settings)
+            assert [g.token_ids for g in replicated] == [g.token_ids for g in single]
+            assert [g.finish_reason for g in replicated] == [g.finish_reason for g in single]
+            assert max(abs(a - b) for r, s in zip(replicated, single) for a, b in zip(r.logprobs, s.logprobs)) < 1e-4
+        first = vllm_replicas.replicas(_replicated(random_policy).vllm)
+        assert len(first) == 2 and len({replica.process.pid for replica in first}) == 2
+    finally:
+        vllm_replicas.stop()
+
+
+def test_a_replica_error_or_death_is_one_clear_error(served, tmp_path, tiny_policy):
+    from oarctl.policy import vllm_replicas
+
+    settings = dict(temperature=1.0, top_p=1.0, max_new_tokens=4, seed=0)
+    try:
+        with pytest.raises(OarError, match="missing_policy: policy directory not found"):
+            vllm_backend.generate(_replicated(tmp_path / "missing_policy"), served[3], **settings)
+        running = vllm_replicas.replicas(_replicated(tiny_policy).vllm)
+        running[1].process.kill()
+        running[1].process.wait()
+        with pytest.raises(OarError, match="vLLM replica 1 exited with code -9"):
+            vllm_backend.generate(_replicated(tiny_policy), served[3], **settings)
+        assert all(replica.process.poll() is not None for replica in running)  # all stopped, none left behind
+    finally:
+        vllm_replicas.stop()

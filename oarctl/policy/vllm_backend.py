@@ -10,7 +10,8 @@ Choices, and why:
   is what the processed mode returns when top_p = 1 (tested against the transformers backend). With
   top_p < 1 vLLM renormalises over the nucleus, which the update stage does not model, so
   `config.validate` refuses vllm + sample.top_p < 1.
-- One engine per process. Every RL step serves the folder the update stage wrote. On a GPU a new
+- One engine per process (`vllm.data_parallel_size` > 1: one per worker process, see
+  vllm_replicas). Every RL step serves the folder the update stage wrote. On a GPU a new
   checkpoint with the same architecture is loaded *in place* (`reload_weights` from disk, then the
   prefix cache is cleared: it holds keys/values of the old weights); elsewhere, and for a new
   architecture or engine setting, a new engine is built. After every load a canary prompt is
@@ -167,14 +168,14 @@ def engine(path: str | Path, settings: dict, identity: str, in_place: bool | Non
     return _engine["llm"], how
 
 
-def _sampling_params(count: int, *, temperature, top_p, max_new_tokens, seed):
+def _sampling_params(indices: range, *, temperature, top_p, max_new_tokens, seed):
     from vllm import SamplingParams
 
     greedy = temperature <= 0
     return [SamplingParams(temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
                            top_k=0, max_tokens=max_new_tokens, logprobs=0, detokenize=False,
                            seed=None if greedy else request_seed(seed, index))
-            for index in range(count)]
+            for index in indices]
 
 
 def _to_generation(completion) -> Generation:
@@ -186,13 +187,17 @@ def _to_generation(completion) -> Generation:
 
 
 def generate_with(llm, prompt_token_ids: list[list[int]], *, temperature: float, top_p: float,
-                  max_new_tokens: int, seed: int, progress: bool = False) -> list[Generation]:
-    """Sample one response per prompt on a given engine. temperature 0 = greedy."""
+                  max_new_tokens: int, seed: int, progress: bool = False, first_index: int = 0) -> list[Generation]:
+    """Sample one response per prompt on a given engine. temperature 0 = greedy.
+
+    `first_index`: the position of the first prompt in the whole call, when this engine is one
+    data-parallel replica serving a share of it (the seeds follow global positions).
+    """
     from vllm.inputs import TokensPrompt
 
     prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
-    params = _sampling_params(len(prompts), temperature=temperature, top_p=top_p,
-                              max_new_tokens=max_new_tokens, seed=seed)
+    params = _sampling_params(range(first_index, first_index + len(prompts)), temperature=temperature,
+                              top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
     outputs = llm.generate(prompts, params, use_tqdm=progress)
     return [_to_generation(output.outputs[0]) for output in outputs]
 
@@ -272,7 +277,13 @@ def served_engine(policy, in_place: bool | None = None):
 
 def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, top_p: float,
              max_new_tokens: int, seed: int, batch_size: int = 0, progress: bool = False) -> list[Generation]:
-    """The registry entry: serve `policy` (a runner.Policy) with vLLM, canary-checked after each load."""
+    """The registry entry: serve `policy` (a runner.Policy) with vLLM, canary-checked after each load,
+    on one engine in this process or on `vllm.data_parallel_size` replicas (vllm_replicas)."""
+    if policy.vllm["data_parallel_size"] > 1:
+        from oarctl.policy import vllm_replicas
+
+        return vllm_replicas.generate(policy, prompt_token_ids, temperature=temperature, top_p=top_p,
+                                      max_new_tokens=max_new_tokens, seed=seed, progress=progress)
     llm = served_engine(policy)
     return generate_with(llm, prompt_token_ids, temperature=temperature, top_p=top_p,
                          max_new_tokens=max_new_tokens, seed=seed, progress=progress)

@@ -1,0 +1,83 @@
+"""`oarctl run` with `update.accelerate_config`: each step's update in its own `accelerate launch`.
+
+Sampling (vLLM), attribution and the update meet through files, so `run` can hand the update to
+accelerate's launcher (DDP, FSDP, DeepSpeed ZeRO-3 over all the node's GPUs) and take the next
+step's sampling back in its own process, each using the GPUs fully in turn. Before the launch the
+run's vLLM engines are shut down: they hold `vllm.gpu_memory_utilization` of every GPU they use.
+The next sample stage builds them again (an engine start per step; the price of giving the
+trainer whole GPUs).
+
+The launched command is the one a user would type for the stage-by-stage recipe:
+    accelerate launch --config_file FILE -m oarctl.cli update ADVANTAGES -o OUTPUT --policy POLICY
+        --step N -c RUN_DIR/config.yaml
+run_dir/config.yaml is the run's resolved config, so the launched stage computes the same cache key
+and the run then finds the output as a cache hit; a killed launch leaves only temporaries, and the
+next `oarctl run` launches it again.
+"""
+from __future__ import annotations
+
+import gc
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from oarctl.errors import OarError
+
+
+def _free_port() -> int:
+    with socket.socket() as handle:
+        handle.bind(("127.0.0.1", 0))
+        return handle.getsockname()[1]
+
+
+def accelerate_config(path: str) -> dict:
+    """The launcher config file, read only to check it and to see whether it is one machine."""
+    file = Path(path)
+    if not file.is_file():
+        raise OarError(f"{path}: update.accelerate_config file not found")
+    try:
+        settings = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as error:
+        raise OarError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(settings, dict):
+        raise OarError(f"{path}: an accelerate config must be a YAML mapping")
+    return settings
+
+
+def update_command(config_file: str, advantages: Path, output: Path, policy: Path, step: int,
+                   run_config: Path, force: bool) -> list[str]:
+    settings = accelerate_config(config_file)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config_file]
+    if int(settings.get("num_machines", 1)) <= 1 and "main_process_port" not in settings:
+        command += ["--main_process_port", str(_free_port())]  # two runs on one machine must not share one
+    command += ["-m", "oarctl.cli", "update", str(advantages), "-o", str(output), "--policy", str(policy),
+                "--step", str(step), "-c", str(run_config)]
+    return command + (["--force"] if force else [])
+
+
+def free_generation_engines() -> None:
+    """Shut down this process's vLLM engines (if any were started) and give back cached GPU memory."""
+    if "oarctl.policy.vllm_backend" in sys.modules:
+        sys.modules["oarctl.policy.vllm_backend"].release_engine()
+    if "oarctl.policy.vllm_replicas" in sys.modules:
+        sys.modules["oarctl.policy.vllm_replicas"].stop()
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def launch_update(config, advantages: Path, output: Path, policy: Path, step: int, run_config: Path,
+                  force: bool, log=print) -> None:
+    """Run the update stage of `step` under `accelerate launch`; an OarError if it fails."""
+    command = update_command(config.update.accelerate_config, advantages, output, policy, step, run_config, force)
+    free_generation_engines()
+    log(f"update: accelerate launch --config_file {config.update.accelerate_config} (step {step})")
+    finished = subprocess.run(command)
+    if finished.returncode != 0:
+        raise OarError(f"{output}: the update under accelerate launch ({config.update.accelerate_config}) "
+                       f"exited with code {finished.returncode}; its output is above")

