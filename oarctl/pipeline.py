@@ -21,7 +21,7 @@ import yaml
 from oarctl import config as config_module
 from oarctl.artifacts import write_bytes_atomically, write_parquet
 from oarctl.errors import OarError
-from oarctl.launch import launch_update
+from oarctl.launch import free_generation_engines, launch_update
 from oarctl.logging_backends import MetricsSinks
 from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
                            why_stale)
@@ -213,6 +213,8 @@ def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force
             _launched_update(config, inputs, output, step, policy, run_dir, force, log)
             force = False  # it is written now: run_stage below only reads its manifest
         manifest, _ = run_stage(name, config, inputs, output, step=step, policy_path=policy, force=force, log=log)
+        if name == "sample" and config.update.accelerate_config:
+            free_generation_engines()  # attribute gets whole GPUs too: the engines restart next step anyway
         metrics[name] = manifest["metrics"]
         following = STEP_STAGES.index(name) + 1
         if following < len(STEP_STAGES):

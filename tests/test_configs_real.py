@@ -53,5 +53,7 @@ def test_real_size_settings(path):
     assert set(config.evaluate.benchmarks) == {"math500", "aime2024", "aime2025", "amc2023", "minerva_math",
                                                "olympiadbench", "gsm8k"}
     assert config.policy.path in ("Qwen/Qwen2.5-Math-7B", "Qwen/Qwen2.5-7B")
+    assert config.vllm.data_parallel_size == 8 and config.policy.backend == "vllm"
+    assert (CONFIGS.parent / config.update.accelerate_config) == ACCELERATE / "fsdp.yaml"  # run launches FSDP
     method = path.stem.replace("-", "_").replace("grpo", "uniform")
     assert config.attribute.method == method

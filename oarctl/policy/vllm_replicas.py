@@ -182,6 +182,17 @@ def serve(descriptor: int) -> None:
             except EOFError:
                 return
             connection.send_bytes(json.dumps(_answer(request)).encode())
+            _release_cached_memory()  # the canary's transformers model is gone: give its memory back
+
+
+def _release_cached_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
