@@ -107,6 +107,26 @@ def test_hub_name_offline_fails_fast_naming_the_option():
     assert "\n" not in message
 
 
+def test_a_hub_name_goes_to_datasets_with_its_config_and_split_then_the_column_mapping(monkeypatch):
+    """What datasets returns for a hub name is mapped like a file (no network: load_dataset is
+    replaced by one returning a real in-memory Dataset, and records what it was asked)."""
+    import datasets
+
+    asked = []
+
+    def load_dataset(name, subset, split):
+        asked.append((name, subset, split))
+        return datasets.Dataset.from_dict({"question": ["Q0", "Q1"], "final": [3, 4], "uid": ["a", "b"]})
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    config = load_config(None, ["data.problem_column=question", "data.answer_column=final", "data.id_column=uid"])
+    table = load_prompts("someorg/math-set:hard:test", "train", config)
+    assert table.to_pylist() == [{"prompt_id": "a", "problem": "Q0", "answer": "3"},
+                                 {"prompt_id": "b", "problem": "Q1", "answer": "4"}]
+    load_prompts("someorg/math-set", "train", config)
+    assert asked == [("someorg/math-set", "hard", "test"), ("someorg/math-set", None, "train")]
+
+
 def test_bad_hub_spec():
     with pytest.raises(OarError, match="name\\[:config\\]:split"):
         load_prompts("a:b:c:d", "heldout", load_config())
