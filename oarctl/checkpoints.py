@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from oarctl.errors import OarError
@@ -93,7 +94,8 @@ def load_policy(directory: str | Path, device: str = "cpu"):
 def save_optimizer(optimizer: torch.optim.Optimizer | dict, names: list[str], directory: Path) -> None:
     """AdamW moments as safetensors (keyed by parameter name) plus the scalar state as JSON.
 
-    `optimizer` may be an optimizer's `state_dict()` already taken (under accelerate, on every rank).
+    `optimizer` may be an optimizer's `state_dict()` already taken (under accelerate, on every rank), or
+    one of that form built from FSDP's gathered full state: {"state": {parameter index: {key: value}}}.
     """
     tensors, scalars = {}, {}
     state = (optimizer if isinstance(optimizer, dict) else optimizer.state_dict())["state"]
@@ -107,18 +109,40 @@ def save_optimizer(optimizer: torch.optim.Optimizer | dict, names: list[str], di
     (directory / OPTIMIZER_STATE).write_text(json.dumps(scalars, sort_keys=True))
 
 
+def read_optimizer_state(directory: Path, shapes: dict[str, torch.Size]) -> dict[str, dict] | None:
+    """The state written by `save_optimizer` keyed by parameter name, e.g. {"exp_avg": ..., "step": ...};
+    None when the directory has none. `shapes` (name -> parameter shape) refuses another model's state."""
+    if not (directory / OPTIMIZER_TENSORS).exists():
+        return None
+    try:
+        tensors = load_file(directory / OPTIMIZER_TENSORS)
+        scalars = json.loads((directory / OPTIMIZER_STATE).read_text())
+    except (OSError, ValueError, SafetensorError) as error:
+        raise OarError(f"{directory}: cannot read the optimizer state ({str(error).splitlines()[0]})") from None
+    if not (isinstance(scalars, dict) and all(isinstance(v, (int, float)) for v in scalars.values())):
+        raise OarError(f"{directory}: {OPTIMIZER_STATE} is not a mapping of names to numbers")
+    state: dict[str, dict] = {}
+    for key, value in [*tensors.items(), *((k, torch.tensor(v)) for k, v in scalars.items())]:
+        name, _, field = key.partition("::")
+        if name not in shapes:
+            raise OarError(f"{directory}: optimizer state for {name!r}, which is not a parameter of this policy")
+        if value.dim() > 0 and value.shape != shapes[name]:
+            raise OarError(f"{directory}: optimizer {field} of {name} has shape {tuple(value.shape)}, "
+                           f"the parameter {tuple(shapes[name])}")
+        state.setdefault(name, {})[field] = value
+    return state
+
+
 def load_optimizer(optimizer: torch.optim.Optimizer, names: list[str], directory: Path) -> bool:
     """Restore AdamW state written by `save_optimizer`; False when the directory has none."""
-    if not (directory / OPTIMIZER_TENSORS).exists():
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    state = read_optimizer_state(directory, {name: p.shape for name, p in zip(names, parameters)})
+    if state is None:
         return False
-    tensors = load_file(directory / OPTIMIZER_TENSORS)
-    scalars = json.loads((directory / OPTIMIZER_STATE).read_text())
     state_dict = optimizer.state_dict()
     for index, name in enumerate(names):
-        entry = {k.split("::", 1)[1]: v for k, v in tensors.items() if k.startswith(f"{name}::")}
-        entry.update({k.split("::", 1)[1]: torch.tensor(v) for k, v in scalars.items() if k.startswith(f"{name}::")})
-        if entry:
-            state_dict["state"][index] = entry
+        if name in state:
+            state_dict["state"][index] = state[name]
     optimizer.load_state_dict(state_dict)
     return True
 

@@ -1,7 +1,10 @@
-"""The update stage under `accelerate launch`: 2 CPU processes (gloo, DDP) train the same weights as
-one plain process; token-budget micro-batches give the gradient of fixed-size ones."""
+"""The update stage under `accelerate launch`: 2 CPU processes (gloo; DDP, then FSDP) train the same
+weights and AdamW state as one plain process, and FSDP continues a checkpoint's AdamW state; token-budget
+micro-batches give the gradient of fixed-size ones."""
 from __future__ import annotations
 
+import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -55,45 +58,110 @@ def _free_port() -> int:
         return handle.getsockname()[1]
 
 
-def _launch_update(batch: dict, policy: Path, output: Path) -> subprocess.CompletedProcess:
+def _launch_update(batch: dict, policy: Path, output: Path, config: str = "cpu-2proc") -> subprocess.CompletedProcess:
     launcher = Path(sys.executable).parent / "accelerate"
     return subprocess.run(
-        [str(launcher), "launch", "--config_file", str(ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"),
+        [str(launcher), "launch", "--config_file", str(ROOT / "configs" / "accelerate" / f"{config}.yaml"),
          "--main_process_port", str(_free_port()), "-m", "oarctl.cli", "update", str(batch["advantages"]),
          "-o", str(output), "--policy", str(policy), "-c", str(batch["config"])],
         capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
-def test_two_processes_train_the_weights_of_one(cli, batch, tiny_policy):
-    """~16 s (idle cores) to ~45 s (busy): the launcher and two ranks each import torch."""
-    single, double = batch["folder"] / "policy-1", batch["folder"] / "policy-2"
-    result = cli("update", batch["advantages"], "-o", single, "--policy", tiny_policy, "-c", batch["config"])
+def _update(batch: dict, policy: Path, output: Path) -> None:
+    """One plain process (no launcher), in-process."""
+    from typer.testing import CliRunner
+
+    from oarctl.cli import app
+
+    result = CliRunner().invoke(app, ["update", str(batch["advantages"]), "-o", str(output), "--policy", str(policy),
+                                      "-c", str(batch["config"])])
     assert result.exit_code == 0, result.output
-    started = time.perf_counter()
-    launched = _launch_update(batch, tiny_policy, double)
-    print(f"2-process update: {time.perf_counter() - started:.1f} s")
-    assert launched.returncode == 0, launched.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def first_update(batch, tiny_policy):
+    """`first_update(config)` -> (folder, launch result): the update of tiny_policy on the batch by one plain
+    process (config None, result None) or launched with configs/accelerate/CONFIG.yaml; each run once."""
+    made = {}
+
+    def make(config: str | None = None):
+        if config in made:
+            return made[config]
+        output, launched = batch["folder"] / f"policy-{config or 'plain'}", None
+        if config is None:
+            _update(batch, tiny_policy, output)
+        else:
+            started = time.perf_counter()
+            launched = _launch_update(batch, tiny_policy, output, config)
+            print(f"{config} update: {time.perf_counter() - started:.1f} s")
+            assert launched.returncode == 0, launched.stderr[-3000:]
+        made[config] = output, launched
+        return made[config]
+    return make
+
+
+def _max_difference(one: dict, two: dict) -> float:
+    assert one.keys() == two.keys()
+    return max(float((one[k] - two[k]).abs().max()) for k in one)
+
+
+@pytest.mark.parametrize("config", ["cpu-2proc", "cpu-fsdp-2proc"])
+def test_two_processes_train_the_weights_of_one(first_update, batch, tiny_policy, config):
+    """~16 s (idle cores) to ~45 s (busy) each: the launcher and two ranks each import torch. Under FSDP the
+    AdamW state is gathered from the shards into the file format of one process."""
+    (single, _), (double, launched) = first_update(None), first_update(config)
     assert launched.stdout.count(f"update: wrote {double}") == 2  # both ranks ran the stage
+    assert ("update: FullyShardedDataParallel over 2 ranks" in launched.stderr) == ("fsdp" in config)
 
     initial = load_file(tiny_policy / "model.safetensors")
     one, two = load_file(single / "model.safetensors"), load_file(double / "model.safetensors")
-    assert one.keys() == two.keys()
-    moved = max(float((one[k] - initial[k]).abs().max()) for k in one)
-    difference = max(float((one[k] - two[k]).abs().max()) for k in one)
-    print(f"max |w1 - w0| = {moved:.3e}, max |w1 - w2| = {difference:.3e}")
+    moved, difference = _max_difference(one, initial), _max_difference(one, two)
+    moments = _max_difference(load_file(single / "optimizer.safetensors"), load_file(double / "optimizer.safetensors"))
+    print(f"{config}: max |w1 - w0| = {moved:.3e}, max |w1 - w2| = {difference:.3e}, moments {moments:.3e}")
     assert moved > 1e-4  # the update really changed the weights
     assert difference < 1e-5
-    moments_one, moments_two = load_file(single / "optimizer.safetensors"), load_file(double / "optimizer.safetensors")
-    assert moments_one.keys() == moments_two.keys()
-    assert max(float((moments_one[k] - moments_two[k]).abs().max()) for k in moments_one) < 1e-5
+    assert moments < 1e-6
+    assert json.loads((double / "optimizer.json").read_text()) == json.loads((single / "optimizer.json").read_text())
     log_one, log_two = pq.read_table(single / "update.parquet"), pq.read_table(double / "update.parquet")
     assert log_one.column_names == log_two.column_names and log_one.num_rows == log_two.num_rows == 2
     # token means inside a micro-batch (entropy, ratio_mean, clip_fraction) are logged with sequence
     # weights, so they depend on how rows are cut; these do not
     for name in ("loss", "pg_loss", "kl", "tokens", "grad_norm"):
         assert log_two[name].to_pylist() == pytest.approx(log_one[name].to_pylist(), rel=1e-4, abs=1e-6), name
-    assert (batch["folder"] / "policy-2.manifest.json").exists()
-    assert not list(batch["folder"].glob(".policy-2*"))  # rank 1 wrote no temporary
+    assert (batch["folder"] / f"{double.name}.manifest.json").exists()
+    assert not list(batch["folder"].glob(f".{double.name}*"))  # rank 1 wrote no temporary
+
+
+def test_fsdp_continues_the_adamw_state_of_a_checkpoint(first_update, batch):
+    """A second FSDP step from FSDP's checkpoint gives the weights one process gets from its own, and one
+    process continues FSDP's checkpoint alike: one file format, loaded into the shards. A fresh AdamW from
+    the same weights lands elsewhere, so the match is the loaded state's doing. ~20-50 s."""
+    (single, _), (sharded, _) = first_update(None), first_update("cpu-fsdp-2proc")
+    folder = batch["folder"]
+    weights_only = folder / "policy-fsdp-weights-only"  # FSDP's step-1 weights without the AdamW state
+    shutil.copytree(sharded, weights_only, ignore=shutil.ignore_patterns("optimizer.*", "checkpoint.json"))
+    outputs = {name: folder / f"step2-{name}" for name in ("plain", "fsdp", "plain-after-fsdp", "fresh")}
+    for policy, name in ((single, "plain"), (sharded, "plain-after-fsdp"), (weights_only, "fresh")):
+        _update(batch, policy, outputs[name])
+    started = time.perf_counter()
+    launched = _launch_update(batch, sharded, outputs["fsdp"], "cpu-fsdp-2proc")
+    print(f"FSDP second update: {time.perf_counter() - started:.1f} s")
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "update: FullyShardedDataParallel over 2 ranks" in launched.stderr
+    assert "fresh optimizer" not in launched.stderr
+
+    weights = {name: load_file(path / "model.safetensors") for name, path in outputs.items()}
+    fsdp, crossed, fresh = (_max_difference(weights["plain"], weights[name])
+                            for name in ("fsdp", "plain-after-fsdp", "fresh"))
+    moments = _max_difference(load_file(outputs["plain"] / "optimizer.safetensors"),
+                              load_file(outputs["fsdp"] / "optimizer.safetensors"))
+    print(f"step 2: max |w_plain - w_fsdp| = {fsdp:.3e}, plain after FSDP {crossed:.3e}, fresh AdamW {fresh:.3e}, "
+          f"moments {moments:.3e}")
+    assert fsdp < 1e-5 and crossed < 1e-5 and moments < 1e-6
+    assert fresh > 100 * max(fsdp, crossed)
+    steps = json.loads((outputs["fsdp"] / "optimizer.json").read_text())
+    assert steps == json.loads((outputs["plain"] / "optimizer.json").read_text())
+    assert set(steps.values()) == {4.0}  # 2 optimizer steps per update, counted on from the checkpoint's
 
 
 # ---- token-budget micro-batches ------------------------------------------------------------------
@@ -166,7 +234,7 @@ def test_scale_options_are_validated(override, option):
 
 
 @pytest.mark.parametrize("name, kind", [("ddp", "MULTI_GPU"), ("fsdp", "FSDP"), ("deepspeed_zero3", "DEEPSPEED"),
-                                        ("cpu-2proc", "MULTI_GPU")])
+                                        ("cpu-2proc", "MULTI_GPU"), ("cpu-fsdp-2proc", "FSDP")])
 def test_accelerate_configs_load_and_say_how_to_run_them(name, kind):
     from accelerate.commands.config.config_args import load_config_from_file
 
@@ -179,6 +247,34 @@ def test_accelerate_configs_load_and_say_how_to_run_them(name, kind):
         assert config.fsdp_config["fsdp_sharding_strategy"] == "FULL_SHARD"
     if kind == "DEEPSPEED":
         assert config.deepspeed_config["zero_stage"] == 3 and config.mixed_precision == "bf16"
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("tensors", "cannot read the optimizer state"), ("json", "is not a mapping of names to numbers"),
+    ("name", "not a parameter of this policy"), ("shape", "has shape")])
+def test_a_bad_optimizer_state_is_refused_in_one_line(first_update, batch, tmp_path, damage, message):
+    """Read by every strategy (FSDP on rank 0, then told to all ranks) before any training."""
+    from safetensors.torch import save_file
+    from typer.testing import CliRunner
+
+    from oarctl.cli import app
+
+    policy = tmp_path / "policy"
+    shutil.copytree(first_update(None)[0], policy, ignore=shutil.ignore_patterns("checkpoint.json"))
+    tensors = load_file(policy / "optimizer.safetensors")
+    if damage == "tensors":
+        (policy / "optimizer.safetensors").write_bytes(b"not safetensors")
+    elif damage == "json":
+        (policy / "optimizer.json").write_text('{"model.norm.weight::step": "two"}')
+    else:
+        key = "model.norm.weight::exp_avg"
+        changed = tensors.pop(key)
+        tensors["model.other.weight::exp_avg" if damage == "name" else key] = torch.cat([changed, changed])
+        save_file(tensors, policy / "optimizer.safetensors")
+    result = CliRunner().invoke(app, ["update", str(batch["advantages"]), "-o", str(tmp_path / "out"),
+                                      "--policy", str(policy), "-c", str(batch["config"])])
+    assert result.exit_code != 0 and message in result.output
+    assert "Traceback" not in result.output
 
 
 def test_a_rank_other_than_zero_writes_nothing(batch, tiny_policy, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """`oarctl run` with update.accelerate_config: each step's update runs under `accelerate launch`
-(here two CPU processes) and the run continues from what the launched processes wrote."""
+(here FSDP over two CPU processes, as the 7B configs' fsdp.yaml over GPUs) and the run continues
+from what the launched processes wrote."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
-TWO_CPU_PROCESSES = ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"
+FSDP_ON_TWO_CPU_PROCESSES = ROOT / "configs" / "accelerate" / "cpu-fsdp-2proc.yaml"
 
 
 def _largest_difference(one: Path, two: Path) -> float:
@@ -21,7 +22,7 @@ def test_a_run_launches_each_update_and_matches_the_in_process_run(cli, tiny_con
     config = tiny_config(signal=True, run={"steps": 2, "progress": False})
     single = cli("run", "-c", config, "--run-dir", tmp_path / "single")
     assert single.exit_code == 0, single.output
-    launch = ["--set", f"update.accelerate_config={TWO_CPU_PROCESSES}"]
+    launch = ["--set", f"update.accelerate_config={FSDP_ON_TWO_CPU_PROCESSES}"]
     launched = cli("run", "-c", config, "--run-dir", tmp_path / "launched", *launch)
     assert launched.exit_code == 0, launched.output
     assert launched.output.count("update: accelerate launch --config_file") == 2
@@ -30,6 +31,7 @@ def test_a_run_launches_each_update_and_matches_the_in_process_run(cli, tiny_con
     assert _largest_difference(tiny_policy, tmp_path / "single" / step) > 1e-4  # the update did change them
     assert _largest_difference(tmp_path / "single" / step, tmp_path / "launched" / step) < 1e-5
     assert (tmp_path / "launched" / "step_0001" / "policy" / "checkpoint.json").exists()
+    assert (tmp_path / "launched" / step / "optimizer.safetensors").exists()  # FSDP carries AdamW on
 
     resumed = cli("run", "-c", config, "--run-dir", tmp_path / "launched", *launch)
     assert resumed.exit_code == 0, resumed.output

@@ -12,15 +12,21 @@ Training at scale: the stage runs under `accelerate launch`, one config per stra
         step_0000/advantages.parquet -o step_0000/policy --policy MODEL_DIR -c CONFIG.yaml
 with ddp.yaml (whole model per GPU), fsdp.yaml (full shard, one unit per Qwen2DecoderLayer) or
 deepspeed_zero3.yaml (ZeRO-3, bf16); `--num_processes N` sets the GPU count, `--set update.bf16=true`
-turns on bf16 autocast. cpu-2proc.yaml runs two CPU ranks (gloo), as the tests do. Every rank reads
+turns on bf16 autocast. cpu-2proc.yaml (DDP) and cpu-fsdp-2proc.yaml (FSDP) run two CPU ranks (gloo), as
+the tests do (accelerate would turn FSDP on CPU into DDP; `_keep_fsdp_on_cpu` keeps it FSDP). Every rank reads
 the whole batch and takes rows i % ranks of each mini-batch; the ranks average the gradients and
 accelerate divides by the accumulation steps, so each loss is multiplied by both and the sum is the
 single-process gradient. Ranks pad with zero-weight micro-batches to the same count (FSDP/ZeRO-3
 gather parameters in every forward). Only rank 0 writes the checkpoint, update.parquet and the
 manifest. Without a launcher (one process, `bf16` off) no Accelerator is made and the bytes are
 those of a plain PyTorch loop. Under FSDP/ZeRO-3 the full weights are gathered on rank 0 for the
-safetensors save (16-bit under ZeRO-3), but the sharded AdamW state is neither saved nor loaded:
-each step starts a fresh optimizer there; the KL reference model is replicated, not sharded.
+safetensors save (16-bit under ZeRO-3); the KL reference model is replicated, not sharded.
+AdamW state under FSDP: the full (unsharded) state is gathered to rank 0's CPU and saved in the same
+files as without FSDP, so FSDP, DDP and one process continue each other's checkpoints; loading, rank 0
+reads it and torch scatters it into the shards after `prepare`. Rank 0 then holds the full state in CPU
+memory, 2 x fp32 parameters (~56 GB for 7B), beside the gathered weights (~28 GB fp32 for 7B).
+Under DeepSpeed ZeRO-3 the partitioned AdamW state is neither saved nor loaded: each step starts a
+fresh optimizer there (with a warning when the checkpoint has a state).
 """
 from __future__ import annotations
 
@@ -34,7 +40,8 @@ from tqdm.auto import tqdm
 
 from oarctl.artifacts import make_table
 from oarctl.batching import loss_share, pad_plan, plan_step
-from oarctl.checkpoints import OPTIMIZER_TENSORS, load_optimizer, load_policy
+from oarctl.checkpoints import OPTIMIZER_TENSORS, load_optimizer, load_policy, read_optimizer_state
+from oarctl.errors import OarError
 from oarctl.losses import entropy_from_logits, policy_loss
 from oarctl.runner import StageContext, StageOutput
 
@@ -165,13 +172,41 @@ def _make_accelerator(config):
     from accelerate import Accelerator
 
     # without CUDA, ask for CPU: processes started by the MULTI_GPU launcher then use gloo
-    return Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16" if config.bf16 else None)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16" if config.bf16 else None)
+    if not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        _keep_fsdp_on_cpu(accelerator)
+    return accelerator
+
+
+def _keep_fsdp_on_cpu(accelerator) -> None:
+    """accelerate quietly turns an FSDP launch without CUDA into DDP (MULTI_CPU), though torch's FSDP runs
+    on CPU with gloo: switch its state back, so cpu-fsdp-2proc.yaml (the tests) runs the code of a GPU FSDP
+    run. The device must be plain `cpu`: FSDP refuses device_id `cpu:0` for parameters on `cpu`."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    if accelerator.mixed_precision != "no":  # accelerate's FSDP mixed-precision set-up is skipped here
+        raise OarError("FSDP without CUDA (cpu-fsdp-2proc.yaml) runs in fp32 only: set update.bf16=false")
+    state = accelerator.state
+    state.fsdp_plugin = FullyShardedDataParallelPlugin()  # read from the launcher's FSDP_* variables
+    state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    state.device = PartialState._shared_state["device"] = torch.device("cpu")
+
+
+def _fsdp(accelerator) -> bool:
+    from accelerate.utils import DistributedType
+
+    return accelerator is not None and accelerator.distributed_type == DistributedType.FSDP
+
+
+def _deepspeed(accelerator) -> bool:
+    from accelerate.utils import DistributedType
+
+    return accelerator is not None and accelerator.distributed_type == DistributedType.DEEPSPEED
 
 
 def _sharded(accelerator) -> bool:
-    from accelerate.utils import DistributedType
-
-    return accelerator is not None and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+    return _fsdp(accelerator) or _deepspeed(accelerator)
 
 
 def _mini_batches(rows: list[dict], config, context: StageContext) -> list[tuple[int, list[dict]]]:
@@ -206,35 +241,107 @@ def _configure_deepspeed(accelerator, config, accumulation: int) -> None:
 
 
 def _optimizer(model, names: list[str], config, context: StageContext, accelerator):
+    """AdamW, with the checkpoint's state unless sharded: FSDP loads it after `prepare` (into the shards)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     if not _sharded(accelerator):
         load_optimizer(optimizer, names, context.policy.path)
-    elif (context.policy.path / OPTIMIZER_TENSORS).exists() and accelerator.is_main_process:
-        print("update: FSDP/ZeRO-3 run: the saved AdamW state is not loaded (fresh optimizer)", file=sys.stderr)
+    elif _deepspeed(accelerator) and (context.policy.path / OPTIMIZER_TENSORS).exists() and accelerator.is_main_process:
+        print("update: DeepSpeed ZeRO-3 run: the saved AdamW state is not loaded (fresh optimizer)", file=sys.stderr)
     for group in optimizer.param_groups:  # a config change of the learning rate takes effect
         group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
     return optimizer
+
+
+def _on_rank_zero(accelerator, read):
+    """`read()` on rank 0 only; an OarError there is raised on every rank (else the others would wait
+    forever in the next collective)."""
+    result, message = None, None
+    if accelerator.is_main_process:
+        try:
+            result = read()
+        except OarError as error:
+            message = str(error)
+    shared = [message]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    if shared[0] is not None:
+        raise OarError(shared[0])
+    return result
+
+
+def _load_fsdp_optimizer(model, optimizer, names: list[str], shapes: dict, directory, accelerator) -> None:
+    """Scatter the checkpoint's full AdamW state into this rank's shards (after `prepare`: the shards exist
+    only then). Rank 0 reads the files and torch broadcasts them tensor by tensor, so only rank 0 holds
+    the full state (2 x fp32 parameters: ~56 GB of CPU memory for 7B)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if not (directory / OPTIMIZER_TENSORS).exists():  # every rank sees the same checkpoint
+        return
+    state = _on_rank_zero(accelerator, lambda: read_optimizer_state(directory, shapes))
+    full = {}
+    if accelerator.is_main_process:  # keyed by parameter name (FQN), the form torch's full state dict has
+        hyperparameters = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}  # the config's
+        full = {"state": state, "param_groups": [{**hyperparameters, "params": names}]}
+    set_optimizer_state_dict(model, optimizer.optimizer, optim_state_dict=full,
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
+def _plain_name(fqn: str) -> str:
+    """A wrapped model's parameter name as `named_parameters()` of the plain model spells it."""
+    return fqn.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+
+
+def _optimizer_state(model, optimizer, names: list[str], accelerator) -> dict | None:
+    """What `save_optimizer` writes, in `optimizer.state_dict()` form; None under ZeRO-3 (not saved) and on
+    ranks other than 0 under FSDP, whose full state is gathered to rank 0's CPU (call on every rank)."""
+    if _deepspeed(accelerator):
+        return None
+    if not _fsdp(accelerator):
+        return optimizer.state_dict()  # DDP: every rank holds all of it
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=_offload_to_rank_zero(accelerator))
+    full = get_optimizer_state_dict(model, optimizer.optimizer, options=options)
+    if not accelerator.is_main_process:
+        return None
+    index = {name: i for i, name in enumerate(names)}
+    return {"state": {index[_plain_name(fqn)]: entry for fqn, entry in full["state"].items()}}
+
+
+def _offload_to_rank_zero(accelerator) -> bool:
+    """Whether FSDP gathers full states to rank 0's CPU, or to every rank. Only on GPUs: torch's FSDP1
+    relies on `.cpu()` copying, and on CPU it hands back views of reused gather buffers (its model state
+    dict then dies of SIGSEGV, its optimizer state dict shares memory between exp_avg and exp_avg_sq)."""
+    return accelerator.device.type != "cpu"
+
+
+def _gathered_weights(model, accelerator) -> dict:
+    """The full weights, on rank 0 at least (call on every rank: FSDP/ZeRO-3 gather the shards)."""
+    if not _fsdp(accelerator) or _offload_to_rank_zero(accelerator):
+        return accelerator.get_state_dict(model)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
 def _trained(model, tokenizer, optimizer, names: list[str], context: StageContext, accelerator):
     """What the runner saves (rank 0 only): (model, tokenizer, optimizer or its state, names)."""
     if accelerator is None:
         return model, tokenizer, optimizer, names
-    state_dict = accelerator.get_state_dict(model)  # on every rank: FSDP/ZeRO-3 gather the shards
-    sharded = _sharded(accelerator)
-    optimizer_state = None if sharded else optimizer.state_dict()
+    state_dict = _gathered_weights(model, accelerator)
+    optimizer_state = _optimizer_state(model, optimizer, names, accelerator)
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return None
-    if not sharded:
+    if not _sharded(accelerator):
         return accelerator.unwrap_model(model), tokenizer, optimizer_state, names
     plain, _ = load_policy(context.policy.path)  # a plain copy to hold the gathered full weights
     plain.load_state_dict(state_dict)
-    return plain, tokenizer, None, names
+    return plain, tokenizer, optimizer_state, names
 
 
 def _prepare(model, reference, config, context: StageContext, accelerator, accumulation: int):
     names = [name for name, _ in model.named_parameters()]
+    shapes = {name: parameter.shape for name, parameter in model.named_parameters()}  # before FSDP shards them
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = _optimizer(model, names, config, context, accelerator)
@@ -242,15 +349,26 @@ def _prepare(model, reference, config, context: StageContext, accelerator, accum
         accelerator.gradient_accumulation_steps = accumulation
         _configure_deepspeed(accelerator, config, accumulation)
         model, optimizer = accelerator.prepare(model, optimizer)
+        if _fsdp(accelerator):
+            _load_fsdp_optimizer(model, optimizer, names, shapes, context.policy.path, accelerator)
+            if accelerator.is_main_process:  # which wrapper really runs: accelerate can fall back to DDP quietly
+                print(f"update: {type(model).__name__} over {accelerator.num_processes} ranks, AdamW state "
+                      "carried in the checkpoint", file=sys.stderr)
         reference = reference.to(accelerator.device) if reference is not None else None
     return model, reference, optimizer, names
 
 
+def _load(policy, accelerator):
+    """(model, tokenizer) on policy.device; under a launcher on CPU, and `prepare` moves each rank's
+    model to its own GPU (policy.device `cuda` would put every rank's full copy on cuda:0)."""
+    return policy.load() if accelerator is None else load_policy(policy.path, "cpu")
+
+
 def run(inputs, config, context: StageContext) -> StageOutput:
     rows = inputs["advantages"].select(COLUMNS).to_pylist()
-    model, tokenizer = context.policy.load()
-    reference = context.reference.load()[0].eval() if context.reference is not None else None
     accelerator = _make_accelerator(config)
+    model, tokenizer = _load(context.policy, accelerator)
+    reference = _load(context.reference, accelerator)[0].eval() if context.reference is not None else None
     steps = _mini_batches(rows, config, context)
     plans, accumulation = _plans(steps, config, accelerator)
     model, reference, optimizer, names = _prepare(model, reference, config, context, accelerator, accumulation)
