@@ -4,6 +4,11 @@
                                               # oar_p, reshape, update on a random-init 1.5B-shaped Qwen2
     python bench/gpu_check.py --tiny          # the same pipeline on CPU at toy size, transformers backend
 
+After the step's update in this process, the same update runs again under `accelerate launch` with
+configs/accelerate/fsdp.yaml over every visible GPU (--tiny: cpu-fsdp-2proc.yaml, two CPU ranks),
+as `oarctl run` does with update.accelerate_config, and the largest weight difference between the
+two checkpoints is printed (its peak memory is the launched processes', not measured here).
+
 The model is randomly initialised with Qwen2.5-1.5B's configuration (hidden 1536, 28 layers,
 12 heads, 2 key/value heads, intermediate 8960, vocab 151,936, tied embeddings) and saved in fp32;
 the tokenizer is the toy character tokenizer (ids < 104), so the model's vocabulary is padded: a
@@ -111,7 +116,33 @@ def _step(args, work: Path, policy: Path) -> list:
                             policy, rows)
     advantages = _run("reshape", config, {"attributions": attributions}, work / "advantages.parquet", None, rows)
     _run("update", config, {"advantages": advantages}, work / "policy_next", policy, rows)
+    _launched_fsdp_update(args, config, advantages, work, policy, rows)
     return rows
+
+
+def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Path, rows) -> None:
+    """The update again, under `accelerate launch` with FSDP; a row with the weight difference."""
+    import subprocess
+
+    import torch
+    import yaml
+    from safetensors.torch import load_file
+
+    from oarctl.config import to_dict
+    from oarctl.launch import update_command
+
+    accelerate = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
+    file, ranks = ((accelerate / "cpu-fsdp-2proc.yaml", 2) if args.tiny else
+                   (accelerate / "fsdp.yaml", torch.cuda.device_count()))
+    (work / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    command = update_command(str(file), advantages, work / "policy_fsdp", policy, 0, work / "config.yaml", True)
+    command[command.index("--config_file") + 2:command.index("--config_file") + 2] = ["--num_processes", str(ranks)]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True)
+    seconds = time.perf_counter() - started
+    one, other = load_file(work / "policy_next" / "model.safetensors"), load_file(work / "policy_fsdp" / "model.safetensors")
+    difference = max(float((one[k].float() - other[k].float()).abs().max()) for k in one)
+    rows.append((f"update_fsdp_x{ranks}", seconds, float("nan"), {"weight_difference": difference}))
 
 
 def _report(rows, args) -> None:
@@ -121,6 +152,8 @@ def _report(rows, args) -> None:
         if name == "sample":
             tokens = metrics["responses"] * metrics["response_length_mean"]
             note = f"{tokens:.0f} tokens, {tokens / seconds:.0f} tokens/s"
+        elif name.startswith("update_fsdp"):
+            note = f"accelerate launch; weights differ from the in-process update by {metrics['weight_difference']:.2e}"
         print(f"{name:<18} {seconds:>8.1f} {peak:>9.2f}  {note}")
     print(f"total {sum(r[1] for r in rows):.1f} s; "
           f"{args.prompts} prompts x {args.group} samples x <= {args.tokens} tokens")
