@@ -167,3 +167,31 @@ def test_hub_policy_name_offline_is_one_line_naming_the_option(tmp_path):
     assert time.monotonic() - started < 30
     assert str(error.value).startswith("policy.path: cannot fetch Hugging Face model 'nobody-xyz/no-such-model'")
     assert resolve_policy_path(str(tmp_path)) == tmp_path  # a local folder is used as it is
+
+
+def test_a_hub_model_name_in_the_local_cache_is_used_offline(tmp_path):
+    """`policy.path: owner/name` resolves through huggingface_hub's cache (here a snapshot laid out
+    by hand, as a download leaves it), and a stage runs on it with HF_HUB_OFFLINE=1."""
+    import os
+    import shutil
+    import subprocess
+
+    from conftest import oarctl_executable
+    from oarctl.toy import base_policy_dir
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repository = tmp_path / "hub" / "models--someorg--tiny-math"
+    shutil.copytree(base_policy_dir(), repository / "snapshots" / commit)
+    (repository / "refs").mkdir()
+    (repository / "refs" / "main").write_text(commit)
+    environment = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+
+    def oarctl(*args):
+        return subprocess.run([oarctl_executable(), *map(str, args)], capture_output=True, text=True, timeout=120,
+                              env=environment, cwd=tmp_path)
+
+    assert oarctl("toy", "prompts", "-o", "prompts.parquet", "-n", "2").returncode == 0
+    result = oarctl("evaluate", "prompts.parquet", "-o", "eval.parquet", "--set", "policy.path=someorg/tiny-math",
+                    "--set", "evaluate.samples=1", "--set", "evaluate.pass_k=[1]", "--set", "run.progress=false")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "greedy" in result.stdout and (tmp_path / "eval.parquet").exists()
