@@ -2,6 +2,7 @@
 
     python bench/backends.py                          # toy base policy, 256 prompts x 48 tokens, CPU
     python bench/backends.py --policy DIR --prompts 1024 --tokens 256 --device cuda
+    python bench/backends.py --data-parallel 2        # also N vLLM engines (vllm.data_parallel_size)
 
 Prints start-up (engine build / model load), a warm-up call, then the best of `--repeats` timed
 calls of each backend, in tokens per second. Sampling at temperature 1, as the sample stage does;
@@ -28,6 +29,7 @@ def _arguments():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch-size", type=int, default=128, help="transformers batch (sample.batch_size)")
     parser.add_argument("--dtype", default="float32", help="vllm.dtype")
+    parser.add_argument("--data-parallel", type=int, default=1, help="also time N vLLM engines (N > 1)")
     return parser.parse_args()
 
 
@@ -46,6 +48,22 @@ def _best(call, repeats: int) -> tuple[float, int]:
         best = min(best, time.perf_counter() - started)
         tokens = sum(len(g.token_ids) for g in generations)
     return best, tokens
+
+
+def _replicated(path, settings: dict, prompts, sampling: dict, args) -> tuple:
+    """N engines in worker processes; start-up = the first call (workers start, build, canary-check)."""
+    from oarctl.policy import vllm_backend, vllm_replicas
+    from oarctl.runner import Policy
+
+    policy = Policy(path, args.device, "vllm", settings)
+    started = time.perf_counter()
+    vllm_backend.generate(policy, prompts[:1], **sampling)
+    load = time.perf_counter() - started
+    try:
+        seconds, tokens = _best(lambda: vllm_backend.generate(policy, prompts, **sampling), args.repeats)
+    finally:
+        vllm_replicas.stop()
+    return f"vllm x{args.data_parallel}", load, seconds, tokens
 
 
 def main() -> None:
@@ -72,11 +90,15 @@ def main() -> None:
     load = time.perf_counter() - started
     seconds, tokens = _best(lambda: vllm_backend.generate_with(llm, prompts, **sampling), args.repeats)
     rows.append(("vllm", load, seconds, tokens))
+    if args.data_parallel > 1:
+        rows.append(_replicated(path, {**settings, "data_parallel_size": args.data_parallel}, prompts, sampling, args))
     print(f"{args.prompts} prompts x <= {args.tokens} new tokens, policy {path}, device {args.device}")
     print(f"{'backend':<13} {'start-up s':>10} {'generate s':>10} {'tokens':>7} {'tokens/s':>9}")
     for name, load, seconds, tokens in rows:
         print(f"{name:<13} {load:>10.2f} {seconds:>10.2f} {tokens:>7} {tokens / seconds:>9.0f}")
     print(f"vllm / transformers generate time: {rows[1][2] / rows[0][2]:.2f}x")
+    if args.data_parallel > 1:
+        print(f"vllm x{args.data_parallel} / vllm generate time: {rows[2][2] / rows[1][2]:.2f}x")
 
 
 if __name__ == "__main__":
