@@ -231,15 +231,21 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     return config
 
 
-def _read_yaml(path: Path):
+def read_yaml_mapping(path: Path, what: str = "config file", mapping: str = "a mapping of sections") -> dict:
+    """A YAML file whose top level is a mapping, or a one-line OarError naming the file."""
     if not path.is_file():
-        raise OarError(f"{path}: config file not found")
+        raise OarError(f"{path}: {what} not found")
     try:
         document = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as error:
         raise OarError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(document, dict):
-        raise OarError(f"{path}: expected a mapping of sections at the top level")
+        raise OarError(f"{path}: expected {mapping} at the top level")
+    return document
+
+
+def _read_yaml(path: Path):
+    document = read_yaml_mapping(path)
     for section, values in document.items():
         if not isinstance(values, dict):
             raise OarError(f"{path}: section {section!r} must be a mapping of options")

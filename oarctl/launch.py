@@ -22,8 +22,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 from oarctl.errors import OarError
 
 
@@ -35,16 +33,9 @@ def _free_port() -> int:
 
 def accelerate_config(path: str) -> dict:
     """The launcher config file, read only to check it and to see whether it is one machine."""
-    file = Path(path)
-    if not file.is_file():
-        raise OarError(f"{path}: update.accelerate_config file not found")
-    try:
-        settings = yaml.safe_load(file.read_text())
-    except yaml.YAMLError as error:
-        raise OarError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
-    if not isinstance(settings, dict):
-        raise OarError(f"{path}: an accelerate config must be a YAML mapping")
-    return settings
+    from oarctl.config import read_yaml_mapping
+
+    return read_yaml_mapping(Path(path), "update.accelerate_config file", "accelerate's options")
 
 
 def update_command(config_file: str, advantages: Path, output: Path, policy: Path, step: int,
