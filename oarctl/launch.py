@@ -62,13 +62,26 @@ def free_generation_engines() -> None:
         torch.cuda.empty_cache()
 
 
+def _terminate_with_parent() -> None:
+    """In the launcher, before it starts: SIGTERM it when the run's process dies (even by SIGKILL).
+    torchrun then stops its ranks, so a killed run leaves no trainer holding the GPUs, and the
+    rerun's launch is the only one writing the step's checkpoint. Linux only (prctl)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: a killed run's launcher finishes its update alone
+
+
 def launch_update(config, advantages: Path, output: Path, policy: Path, step: int, run_config: Path,
                   force: bool, log=print) -> None:
     """Run the update stage of `step` under `accelerate launch`; an OarError if it fails."""
     command = update_command(config.update.accelerate_config, advantages, output, policy, step, run_config, force)
     free_generation_engines()
     log(f"update: accelerate launch --config_file {config.update.accelerate_config} (step {step})")
-    finished = subprocess.run(command)
+    finished = subprocess.run(command, preexec_fn=_terminate_with_parent)
     if finished.returncode != 0:
         raise OarError(f"{output}: the update under accelerate launch ({config.update.accelerate_config}) "
                        f"exited with code {finished.returncode}; its output is above")

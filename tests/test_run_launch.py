@@ -3,8 +3,12 @@
 from what the launched processes wrote."""
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
+import pytest
+from conftest import hidden_temporaries, oarctl_executable
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,3 +49,51 @@ def test_a_missing_accelerate_config_is_one_line(cli, tiny_config, tmp_path):
     assert "no/such.yaml: update.accelerate_config file not found" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "run" / "step_0000" / "policy").exists()
+
+
+def _processes_naming(path: Path) -> list[int]:
+    """Live processes whose command line names `path` (the launcher and its ranks name the step's
+    advantages file)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(path).encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue  # it ended while we looked
+    return found
+
+
+def _wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the launched processes")
+def test_a_run_killed_during_a_launched_update_leaves_no_rank_behind_and_resumes(tiny_config, tmp_path):
+    """SIGKILL of `oarctl run` while the launcher and both ranks are up: the launcher gets SIGTERM
+    (parent-death signal) and stops its ranks; rerunning the command finishes the step."""
+    config = tiny_config(signal=True, run={"steps": 1, "progress": False})
+    run = tmp_path / "run"
+    command = [oarctl_executable(), "run", "-c", str(config), "--run-dir", str(run),
+               "--set", f"update.accelerate_config={FSDP_ON_TWO_CPU_PROCESSES}"]
+    advantages = run / "step_0000" / "advantages.parquet"
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait_for(lambda: len(_processes_naming(advantages)) >= 3, 120), "launcher + 2 ranks never ran"
+    finally:
+        process.kill()
+        process.wait()
+    assert _wait_for(lambda: not _processes_naming(advantages), 30), _processes_naming(advantages)
+    # stopped, not finished as orphans (ranks that outlive the run would write the step on their own,
+    # racing the rerun's launch; killed this early, they were still importing torch)
+    assert not (run / "step_0000" / "policy").exists()
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert (run / "step_0000" / "policy" / "checkpoint.json").exists()
+    assert hidden_temporaries(run) == []
