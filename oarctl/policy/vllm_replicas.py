@@ -124,13 +124,14 @@ def stop() -> None:
     _running.clear()
 
 
+atexit.register(stop)  # workers would exit on their own when the socket closes; this waits for them
+
+
 def replicas(settings: dict) -> list[Replica]:
     """The running replicas for these settings, started (and the old ones stopped) when they differ."""
     key = json.dumps(settings, sort_keys=True)
     if _running.get("key") != key:
         stop()
-        if not _running:
-            atexit.register(stop)
         _running.update(key=key, replicas=[_start(i, env) for i, env in enumerate(_environments(settings))])
     return _running["replicas"]
 
