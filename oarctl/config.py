@@ -78,12 +78,37 @@ class VerifyConfig:
 
 @dataclass
 class AttributeConfig:
-    method: str = option("uniform", "token attribution method: uniform (plain GRPO), random, entropy, oar_p, oar_g")
-    oar_p_mode: str = option("last", "OAR-P outcome: last, answer_mean, answer_joint")
+    method: str = option("uniform", "token attribution method: uniform (plain GRPO), random, entropy, oar_p, "
+                                    "oar_p_span, oar_p_screened, oar_g")
+    oar_p_mode: str = option("last", "OAR-P outcome (oar_p, oar_p_span, oar_p_screened): last, answer_mean, "
+                                     "answer_joint")
     oar_g_mode: str = option("answer_mean", "OAR-G outcome: last, answer_mean, answer_joint")
-    chunk_size: int = option(8, "OAR-P perturbations per forward pass (bounds memory; 4-16 is fastest on CPU)")
+    chunk_size: int = option(8, "OAR-P perturbations per forward pass, within max_batch_tokens (4-16 is fastest "
+                                "on CPU; GPUs want 64-256)")
     noise_std: float = option(1e-3, "OAR-G Gaussian noise on reasoning embeddings")
-    batch_size: int = option(32, "responses per OAR-G / entropy forward pass")
+    batch_size: int = option(32, "responses per OAR-G / entropy forward pass, within max_batch_tokens")
+    max_batch_tokens: int = option(0, "token budget of one attribution forward, rows x padded length: caps OAR-G, "
+                                      "entropy and OAR-P chunks; a longer response runs alone (0: off)")
+    gradient_checkpointing: bool = option(False, "OAR-G recomputes each layer in the backward pass instead of "
+                                                 "keeping its activations (same scores, ~1 forward more)")
+    dtype: str = option("float32", "dtype the attribute stage loads the policy in: float32, bfloat16 (the outcome "
+                                   "math runs in float64 either way)")
+    span_tokens: int = option(16, "oar_p_span: tokens per perturbed window (grown so no response has more than "
+                                  "max_perturbations windows)")
+    span_spread: str = option("oar_g", "oar_p_span: how a window's score is spread over its tokens: even, or by "
+                                       "OAR-G saliency")
+    screen_fraction: float = option(0.1, "oar_p_screened: share of reasoning tokens, top by OAR-G, that get exact "
+                                         "OAR-P")
+    audit_fraction: float = option(0.02, "oar_p_screened: share of the other tokens, drawn at random, that get exact "
+                                         "OAR-P too (the audit: how often screening misses a top token)")
+    max_perturbations: int = option(256, "oar_p_span / oar_p_screened: most perturbed forwards per response (exact "
+                                          "oar_p perturbs every reasoning token)")
+    skip_uniform_groups: bool = option(False, "score only rows of groups with mixed rewards: a group whose rewards "
+                                              "are all equal has advantage 0, so its token weights change nothing "
+                                              "(its rows get NaN scores)")
+    accelerate_config: str = option("", "accelerate config file: `oarctl run` starts each attribute stage with "
+                                        "`accelerate launch --config_file FILE`, rows dealt over the ranks; empty: "
+                                        "in the run's process")
 
 
 @dataclass
@@ -289,6 +314,13 @@ def validate(config: Config) -> None:
     _check(config.attribute.oar_g_mode in modes, f"attribute.oar_g_mode must be one of {modes}")
     _check(config.attribute.chunk_size >= 1, "attribute.chunk_size must be >= 1")
     _check(config.attribute.batch_size >= 1, "attribute.batch_size must be >= 1")
+    _check(config.attribute.max_batch_tokens >= 0, "attribute.max_batch_tokens must be >= 0 (0: off)")
+    _check(config.attribute.dtype in ("float32", "bfloat16"), "attribute.dtype must be float32 or bfloat16")
+    _check(config.attribute.span_tokens >= 1, "attribute.span_tokens must be >= 1")
+    _check(config.attribute.span_spread in ("even", "oar_g"), "attribute.span_spread must be even or oar_g")
+    _check(0 < config.attribute.screen_fraction <= 1, "attribute.screen_fraction must be in (0, 1]")
+    _check(0 <= config.attribute.audit_fraction <= 1, "attribute.audit_fraction must be in [0, 1]")
+    _check(config.attribute.max_perturbations >= 1, "attribute.max_perturbations must be >= 1")
     _check(0 < config.reshape.quantile < 1, "reshape.quantile must be in (0, 1)")
     _check(0 <= config.reshape.floor <= 1, "reshape.floor must be in [0, 1]")
     _check(config.reshape.beta >= 0, "reshape.beta must be >= 0")

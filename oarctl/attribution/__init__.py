@@ -32,8 +32,8 @@ def uniform(rollouts, table, config, context) -> list[np.ndarray]:
 @ATTRIBUTION_METHODS.register("random")
 def random(rollouts, table, config, context) -> list[np.ndarray]:
     """A control: i.i.d. uniform scores, seeded by (seed, step, row)."""
-    return [on_reasoning(r, np.random.default_rng([context.seed, context.step, row]).random(
-        r.segments.reasoning[1] - r.segments.reasoning[0])) for row, r in enumerate(rollouts)]
+    return [on_reasoning(r, np.random.default_rng([context.seed, context.step, r.row]).random(
+        r.segments.reasoning[1] - r.segments.reasoning[0])) for r in rollouts]
 
 
 from oarctl.attribution import oar  # noqa: E402  (registers oar_p, oar_g, entropy)

@@ -281,16 +281,18 @@ class Rollout:
     reasoning: Span
     answer: Span
     response_length: int
+    row: int  # index in the table: seeds the row's noise, wherever (on whichever rank) it is scored
 
 
 def segment_rows(table, tokenizer) -> list[Rollout]:
     """Segment every row of a verified table from its sampled token ids."""
     rows = []
-    for prompt, response in zip(table["prompt_token_ids"].to_pylist(), table["response_token_ids"].to_pylist()):
+    pairs = zip(table["prompt_token_ids"].to_pylist(), table["response_token_ids"].to_pylist())
+    for row, (prompt, response) in enumerate(pairs):
         segments = segment(response, tokenizer)
         spans = sequence_spans(len(prompt), segments)
         ids = torch.tensor(attributed_sequence(prompt, response, segments), dtype=torch.long)
-        rows.append(Rollout(segments, ids, spans["reasoning"], spans["answer"], len(response)))
+        rows.append(Rollout(segments, ids, spans["reasoning"], spans["answer"], len(response), row))
     return rows
 
 
@@ -312,7 +314,7 @@ def oar_p_method(rollouts: list[Rollout], table, config, context) -> list[np.nda
 def oar_g_method(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
     """OAR-G: gradient x input saliency of the outcome (`last` for rows without answer tokens)."""
     model, _ = context.policy.load()
-    seeds = [row_seed(context.seed, context.step, index) for index in range(len(rollouts))]
+    seeds = [row_seed(context.seed, context.step, r.row) for r in rollouts]
     scores = oar_g_batch(model, [(r.input_ids, r.reasoning, r.answer) for r in rollouts], config.oar_g_mode,
                          config.noise_std, seeds, batch_size=config.batch_size)
     return [on_reasoning(r, s.numpy()) for r, s in zip(rollouts, scores)]
