@@ -34,9 +34,9 @@ def _arguments():
 
 
 def _prompts(tokenizer, count: int) -> list[list[int]]:
-    from oarctl.stages.sample import prompt_token_ids
+    from oarctl.templates import encode
 
-    return [prompt_token_ids(tokenizer, f"Compute {10 + i % 80}+{1 + i % 9}.") for i in range(count)]
+    return [encode(tokenizer, f"Compute {10 + i % 80}+{1 + i % 9}.") for i in range(count)]
 
 
 def _best(call, repeats: int) -> tuple[float, int]:

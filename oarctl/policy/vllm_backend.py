@@ -207,7 +207,7 @@ def teacher_forced_logprobs(model, prompts: list[list[int]], responses: list[lis
     """log_softmax(logits / temperature) of given response tokens: what the update stage recomputes."""
     import torch
 
-    from oarctl.stages.update import response_logits
+    from oarctl.policy.logprobs import response_logits
 
     with torch.no_grad():
         logits = response_logits(model, prompts, responses, pad_id).float() / temperature  # (B, R, V)
@@ -236,9 +236,9 @@ def check_canary(llm, model, tokenizer, path, settings: dict) -> float:
 
     Returns the largest absolute difference; raises OarError above the tolerance.
     """
-    from oarctl.stages.sample import prompt_token_ids
+    from oarctl.templates import encode
 
-    prompt = prompt_token_ids(tokenizer, CANARY_PROBLEM)
+    prompt = encode(tokenizer, CANARY_PROBLEM)
     served = generate_with(llm, [prompt], temperature=0.0, top_p=1.0,
                            max_new_tokens=settings["canary_tokens"], seed=0)[0]
     expected = teacher_forced_logprobs(model, [prompt], [served.token_ids], tokenizer.pad_token_id)[0]

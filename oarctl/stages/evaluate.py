@@ -18,8 +18,7 @@ from oarctl.artifacts import make_table
 from oarctl.metrics import group_metrics, vote_metrics
 from oarctl.policy.backends import generate
 from oarctl.runner import StageContext, StageOutput
-from oarctl.stages.sample import prompt_token_ids
-from oarctl.templates import resolve as resolve_template
+from oarctl.templates import encode, resolve as resolve_template
 from oarctl.verify import CHECKERS
 
 VERSION = "2"  # 2: benchmark, verdict and normalized_answer columns; maj@k; evaluate.limit
@@ -29,7 +28,7 @@ HELDOUT = "heldout"  # the benchmark name of a prompts table without a benchmark
 def _responses(model, tokenizer, prompts, config, context, temperature, copies):
     repeated = [row for row in prompts for _ in range(copies)]
     template = resolve_template(context.prompt_template)
-    encoded = [prompt_token_ids(tokenizer, row["problem"], template) for row in repeated]
+    encoded = [encode(tokenizer, row["problem"], template) for row in repeated]
     generations = generate(context.policy, encoded, temperature=temperature, top_p=config.top_p,
                            max_new_tokens=config.max_new_tokens, seed=context.seed,
                            batch_size=config.batch_size, progress=context.progress)

@@ -13,7 +13,7 @@ Training at scale: the stage runs under `accelerate launch`, one config per stra
 with ddp.yaml (whole model per GPU), fsdp.yaml (full shard, one unit per Qwen2DecoderLayer) or
 deepspeed_zero3.yaml (ZeRO-3, bf16); `--num_processes N` sets the GPU count, `--set update.bf16=true`
 turns on bf16 autocast. cpu-2proc.yaml (DDP) and cpu-fsdp-2proc.yaml (FSDP) run two CPU ranks (gloo), as
-the tests do (accelerate would turn FSDP on CPU into DDP; `_keep_fsdp_on_cpu` keeps it FSDP). Every rank reads
+the tests do (accelerate would turn FSDP on CPU into DDP; `distributed.keep_fsdp_on_cpu` keeps it FSDP). Every rank reads
 the whole batch and takes rows i % ranks of each mini-batch; the ranks average the gradients and
 accelerate divides by the accumulation steps, so each loss is multiplied by both and the sum is the
 single-process gradient. Ranks pad with zero-weight micro-batches to the same count (FSDP/ZeRO-3
@@ -31,7 +31,6 @@ fresh optimizer there (with a warning when the checkpoint has a state).
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 
 import numpy as np
@@ -41,54 +40,30 @@ from tqdm.auto import tqdm
 from oarctl.artifacts import make_table
 from oarctl.batching import loss_share, pad_plan, plan_step
 from oarctl.checkpoints import OPTIMIZER_TENSORS, load_optimizer, load_policy, read_optimizer_state
-from oarctl.errors import OarError
+from oarctl.distributed import deepspeed, fsdp, make_accelerator, on_rank_zero, sharded
 from oarctl.losses import entropy_from_logits, policy_loss
+from oarctl.policy.logprobs import model_device, pad_rows, response_logits, token_logprobs
 from oarctl.runner import StageContext, StageOutput
 
 VERSION = "2"  # 2: under token-mean, micro-batch losses and logged metrics are weighted by token share
-
-
-def _pad(rows: list[list], value, dtype) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    return torch.tensor([list(r) + [value] * (width - len(r)) for r in rows], dtype=dtype)
-
-
-def _device(model) -> torch.device:
-    return next(model.parameters()).device  # a DDP/FSDP wrapper has no `.device`
-
-
-def response_logits(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> torch.Tensor:
-    """Logits predicting each response token, left-aligned on the response: (B, R, V)."""
-    sequences = [p + r for p, r in zip(prompts, responses)]
-    input_ids = _pad(sequences, pad_id, torch.long)  # (B, T), right padded
-    attention = _pad([[1] * len(s) for s in sequences], 0, torch.long)
-    device = _device(model)
-    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits
-    width = max(len(r) for r in responses)
-    gathered = [logits[i, len(p) - 1:len(p) - 1 + width] for i, p in enumerate(prompts)]
-    return torch.stack([torch.nn.functional.pad(g, (0, 0, 0, width - g.shape[0])) for g in gathered])
-
-
-def _token_logprobs(logits: torch.Tensor, responses: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    scaled = logits.float() / temperature[:, None, None]  # (B, R, V)
-    return torch.log_softmax(scaled, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)  # (B, R)
+_pad, _token_logprobs = pad_rows, token_logprobs  # the names tests/test_pipeline.py imports
 
 
 def _micro_batch_loss(model, reference, batch: dict, config, pad_id: int):
-    device = _device(model)
-    responses = _pad(batch["response_token_ids"], pad_id, torch.long).to(device)  # (B, R)
-    mask = _pad([[1.0] * len(r) for r in batch["response_token_ids"]], 0.0, torch.float32).to(device)
+    device = model_device(model)
+    responses = pad_rows(batch["response_token_ids"], pad_id, torch.long).to(device)  # (B, R)
+    mask = pad_rows([[1.0] * len(r) for r in batch["response_token_ids"]], 0.0, torch.float32).to(device)
     temperature = torch.tensor(batch["temperature"], dtype=torch.float32).to(device)
     logits = response_logits(model, batch["prompt_token_ids"], batch["response_token_ids"], pad_id)
-    logprobs = _token_logprobs(logits, responses, temperature)
+    logprobs = token_logprobs(logits, responses, temperature)
     ref_logprobs = None
     if reference is not None:
         with torch.no_grad():
             ref_logits = response_logits(reference, batch["prompt_token_ids"], batch["response_token_ids"], pad_id)
-            ref_logprobs = _token_logprobs(ref_logits, responses, temperature)
+            ref_logprobs = token_logprobs(ref_logits, responses, temperature)
 
     def padded(name, value):
-        return _pad(batch[name], value, torch.float32).to(device)
+        return pad_rows(batch[name], value, torch.float32).to(device)
 
     loss, metrics = policy_loss(
         logprobs, padded("response_logprobs", 0.0), padded("token_advantages", 0.0), mask,
@@ -160,55 +135,6 @@ def _optimizer_step(model, optimizer, reference, rows: list[dict], plan: list, c
 COLUMNS = ["prompt_token_ids", "response_token_ids", "response_logprobs", "token_advantages", "temperature"]
 
 
-def launched() -> bool:
-    """True under `accelerate launch` / torchrun (they set WORLD_SIZE), even with one process."""
-    return "WORLD_SIZE" in os.environ or "ACCELERATE_MIXED_PRECISION" in os.environ
-
-
-def _make_accelerator(config):
-    """None for a plain single process (the bytes of a plain PyTorch loop); else an Accelerator."""
-    if not (launched() or config.bf16):
-        return None
-    from accelerate import Accelerator
-
-    # without CUDA, ask for CPU: processes started by the MULTI_GPU launcher then use gloo
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16" if config.bf16 else None)
-    if not torch.cuda.is_available() and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
-        _keep_fsdp_on_cpu(accelerator)
-    return accelerator
-
-
-def _keep_fsdp_on_cpu(accelerator) -> None:
-    """accelerate quietly turns an FSDP launch without CUDA into DDP (MULTI_CPU), though torch's FSDP runs
-    on CPU with gloo: switch its state back, so cpu-fsdp-2proc.yaml (the tests) runs the code of a GPU FSDP
-    run. The device must be plain `cpu`: FSDP refuses device_id `cpu:0` for parameters on `cpu`."""
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-
-    if accelerator.mixed_precision != "no":  # accelerate's FSDP mixed-precision set-up is skipped here
-        raise OarError("FSDP without CUDA (cpu-fsdp-2proc.yaml) runs in fp32 only: set update.bf16=false")
-    state = accelerator.state
-    state.fsdp_plugin = FullyShardedDataParallelPlugin()  # read from the launcher's FSDP_* variables
-    state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-    state.device = PartialState._shared_state["device"] = torch.device("cpu")
-
-
-def _fsdp(accelerator) -> bool:
-    from accelerate.utils import DistributedType
-
-    return accelerator is not None and accelerator.distributed_type == DistributedType.FSDP
-
-
-def _deepspeed(accelerator) -> bool:
-    from accelerate.utils import DistributedType
-
-    return accelerator is not None and accelerator.distributed_type == DistributedType.DEEPSPEED
-
-
-def _sharded(accelerator) -> bool:
-    return _fsdp(accelerator) or _deepspeed(accelerator)
-
-
 def _mini_batches(rows: list[dict], config, context: StageContext) -> list[tuple[int, list[dict]]]:
     """(epoch, rows) of every optimizer step, a fresh shuffle per pass over the batch."""
     orders = [np.random.default_rng([context.seed, context.step, epoch]).permutation(len(rows))
@@ -243,29 +169,13 @@ def _configure_deepspeed(accelerator, config, accumulation: int) -> None:
 def _optimizer(model, names: list[str], config, context: StageContext, accelerator):
     """AdamW, with the checkpoint's state unless sharded: FSDP loads it after `prepare` (into the shards)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    if not _sharded(accelerator):
+    if not sharded(accelerator):
         load_optimizer(optimizer, names, context.policy.path)
-    elif _deepspeed(accelerator) and (context.policy.path / OPTIMIZER_TENSORS).exists() and accelerator.is_main_process:
+    elif deepspeed(accelerator) and (context.policy.path / OPTIMIZER_TENSORS).exists() and accelerator.is_main_process:
         print("update: DeepSpeed ZeRO-3 run: the saved AdamW state is not loaded (fresh optimizer)", file=sys.stderr)
     for group in optimizer.param_groups:  # a config change of the learning rate takes effect
         group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
     return optimizer
-
-
-def _on_rank_zero(accelerator, read):
-    """`read()` on rank 0 only; an OarError there is raised on every rank (else the others would wait
-    forever in the next collective)."""
-    result, message = None, None
-    if accelerator.is_main_process:
-        try:
-            result = read()
-        except OarError as error:
-            message = str(error)
-    shared = [message]
-    torch.distributed.broadcast_object_list(shared, src=0)
-    if shared[0] is not None:
-        raise OarError(shared[0])
-    return result
 
 
 def _load_fsdp_optimizer(model, optimizer, names: list[str], shapes: dict, directory, accelerator) -> None:
@@ -276,7 +186,7 @@ def _load_fsdp_optimizer(model, optimizer, names: list[str], shapes: dict, direc
 
     if not (directory / OPTIMIZER_TENSORS).exists():  # every rank sees the same checkpoint
         return
-    state = _on_rank_zero(accelerator, lambda: read_optimizer_state(directory, shapes))
+    state = on_rank_zero(accelerator, lambda: read_optimizer_state(directory, shapes))
     full = {}
     if accelerator.is_main_process:  # keyed by parameter name (FQN), the form torch's full state dict has
         hyperparameters = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}  # the config's
@@ -293,9 +203,9 @@ def _plain_name(fqn: str) -> str:
 def _optimizer_state(model, optimizer, names: list[str], accelerator) -> dict | None:
     """What `save_optimizer` writes, in `optimizer.state_dict()` form; None under ZeRO-3 (not saved) and on
     ranks other than 0 under FSDP, whose full state is gathered to rank 0's CPU (call on every rank)."""
-    if _deepspeed(accelerator):
+    if deepspeed(accelerator):
         return None
-    if not _fsdp(accelerator):
+    if not fsdp(accelerator):
         return optimizer.state_dict()  # DDP: every rank holds all of it
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -316,7 +226,7 @@ def _offload_to_rank_zero(accelerator) -> bool:
 
 def _gathered_weights(model, accelerator) -> dict:
     """The full weights, on rank 0 at least (call on every rank: FSDP/ZeRO-3 gather the shards)."""
-    if not _fsdp(accelerator) or _offload_to_rank_zero(accelerator):
+    if not fsdp(accelerator) or _offload_to_rank_zero(accelerator):
         return accelerator.get_state_dict(model)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -332,7 +242,7 @@ def _trained(model, tokenizer, optimizer, names: list[str], context: StageContex
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return None
-    if not _sharded(accelerator):
+    if not sharded(accelerator):
         return accelerator.unwrap_model(model), tokenizer, optimizer_state, names
     plain, _ = load_policy(context.policy.path)  # a plain copy to hold the gathered full weights
     plain.load_state_dict(state_dict)
@@ -349,7 +259,7 @@ def _prepare(model, reference, config, context: StageContext, accelerator, accum
         accelerator.gradient_accumulation_steps = accumulation
         _configure_deepspeed(accelerator, config, accumulation)
         model, optimizer = accelerator.prepare(model, optimizer)
-        if _fsdp(accelerator):
+        if fsdp(accelerator):
             _load_fsdp_optimizer(model, optimizer, names, shapes, context.policy.path, accelerator)
             if accelerator.is_main_process:  # which wrapper really runs: accelerate can fall back to DDP quietly
                 print(f"update: {type(model).__name__} over {accelerator.num_processes} ranks, AdamW state "
@@ -366,7 +276,7 @@ def _load(policy, accelerator):
 
 def run(inputs, config, context: StageContext) -> StageOutput:
     rows = inputs["advantages"].select(COLUMNS).to_pylist()
-    accelerator = _make_accelerator(config)
+    accelerator = make_accelerator(config.bf16)
     model, tokenizer = _load(context.policy, accelerator)
     reference = _load(context.reference, accelerator)[0].eval() if context.reference is not None else None
     steps = _mini_batches(rows, config, context)

@@ -1,0 +1,137 @@
+"""Running a stage on every rank of an `accelerate launch`: the plumbing attribute and update share.
+
+Reads only the launcher's environment (WORLD_SIZE, RANK, LOCAL_RANK, ACCELERATE_*, FSDP_*); writes
+nothing. Two ways a stage uses the ranks:
+- update trains one model over all ranks: `make_accelerator` (DDP, FSDP, DeepSpeed ZeRO-3), with the
+  `fsdp` / `deepspeed` / `sharded` predicates and `on_rank_zero` for files only rank 0 reads;
+- attribute replicates the model (DDP-style, nothing sharded): `process_state` joins the process
+  group, `deal` shares the rows out by token count, `gather_to_rank_zero` brings the results back.
+Without a launcher none of this starts a process group: one plain process, the bytes of plain PyTorch.
+On CPU the ranks talk over gloo (accelerate's `cpu=True`), on GPUs over NCCL, one GPU per rank.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from oarctl.errors import OarError
+
+
+def launched() -> bool:
+    """True under `accelerate launch` / torchrun (they set WORLD_SIZE), even with one process."""
+    return "WORLD_SIZE" in os.environ or "ACCELERATE_MIXED_PRECISION" in os.environ
+
+
+def _fsdp_requested() -> bool:
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+def make_accelerator(bf16: bool = False):
+    """None for a plain single process without bf16 (the bytes of a plain PyTorch loop); else an Accelerator."""
+    if not (launched() or bf16):
+        return None
+    from accelerate import Accelerator
+
+    # without CUDA, ask for CPU: processes started by the MULTI_GPU launcher then use gloo
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16" if bf16 else None)
+    if not torch.cuda.is_available() and _fsdp_requested():
+        keep_fsdp_on_cpu(accelerator)
+    return accelerator
+
+
+def keep_fsdp_on_cpu(accelerator) -> None:
+    """accelerate quietly turns an FSDP launch without CUDA into DDP (MULTI_CPU), though torch's FSDP runs
+    on CPU with gloo: switch its state back, so cpu-fsdp-2proc.yaml (the tests) runs the code of a GPU FSDP
+    run. The device must be plain `cpu`: FSDP refuses device_id `cpu:0` for parameters on `cpu`."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    if accelerator.mixed_precision != "no":  # accelerate's FSDP mixed-precision set-up is skipped here
+        raise OarError("FSDP without CUDA (cpu-fsdp-2proc.yaml) runs in fp32 only: set update.bf16=false")
+    state = accelerator.state
+    state.fsdp_plugin = FullyShardedDataParallelPlugin()  # read from the launcher's FSDP_* variables
+    state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    state.device = PartialState._shared_state["device"] = torch.device("cpu")
+
+
+def _distributed_type(accelerator, name: str) -> bool:
+    from accelerate.utils import DistributedType
+
+    return accelerator is not None and accelerator.distributed_type == DistributedType[name]
+
+
+def fsdp(accelerator) -> bool:
+    return _distributed_type(accelerator, "FSDP")
+
+
+def deepspeed(accelerator) -> bool:
+    return _distributed_type(accelerator, "DEEPSPEED")
+
+
+def sharded(accelerator) -> bool:
+    return fsdp(accelerator) or deepspeed(accelerator)
+
+
+def process_state():
+    """accelerate's PartialState under a launcher (joins the process group: gloo on CPU, NCCL on GPUs;
+    `.device` is cuda:LOCAL_RANK or cpu), None in a plain process. Shared with an Accelerator made later."""
+    if not launched():
+        return None
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
+def rank(state) -> int:
+    """This process's rank; 0 without a launcher (`state` None). `state`: a PartialState or an Accelerator."""
+    return 0 if state is None else state.process_index
+
+
+def world_size(state) -> int:
+    return 1 if state is None else state.num_processes
+
+
+def on_rank_zero(state, read):
+    """`read()` on rank 0 only; an OarError there is raised on every rank (else the others would wait
+    forever in the next collective)."""
+    result, message = None, None
+    if state.is_main_process:
+        try:
+            result = read()
+        except OarError as error:
+            message = str(error)
+    shared = [message]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    if shared[0] is not None:
+        raise OarError(shared[0])
+    return result
+
+
+def gather_to_rank_zero(value, state) -> list | None:
+    """[value of rank 0, value of rank 1, ...] on rank 0, None on the others (pickled Python objects:
+    meant for results, e.g. scores, not for weights). Call on every rank."""
+    if world_size(state) == 1:
+        return [value]
+    gathered = [None] * world_size(state) if state.is_main_process else None
+    torch.distributed.gather_object(value, gathered, dst=0)
+    return gathered
+
+
+def deal(groups: list, weights: list[int], ranks: int) -> list[list[int]]:
+    """Item indices per rank: items of one group stay on one rank, and the ranks' total weights are as
+    even as a greedy deal makes them (groups by descending weight, each to the least-loaded rank; ties:
+    the group met first, the lowest rank). Deterministic; each rank's indices ascend.
+
+    groups[i]: item i's group key (a GRPO group: its prompt_id); weights[i]: its cost (its tokens)."""
+    members: dict = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    totals = {group: sum(weights[i] for i in indices) for group, indices in members.items()}
+    order = sorted(members, key=lambda group: -totals[group])  # stable: ties keep first-met order
+    loads, dealt = [0] * ranks, [[] for _ in range(ranks)]
+    for group in order:
+        target = loads.index(min(loads))
+        loads[target] += totals[group]
+        dealt[target] += members[group]
+    return [sorted(indices) for indices in dealt]
