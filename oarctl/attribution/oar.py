@@ -38,6 +38,8 @@ import torch
 
 from oarctl.attribution import ATTRIBUTION_METHODS, on_reasoning
 from oarctl.attribution import outcome
+from oarctl.attribution.prefix import checkpointed_layers, frozen_prefix
+from oarctl.batching import fixed_size, token_budget
 from oarctl.attribution.segments import Segments, attributed_sequence, segment, sequence_spans
 from oarctl.config import AttributeConfig
 
@@ -74,57 +76,79 @@ def _plan(input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, mode
 
 # ---- OAR-P ---------------------------------------------------------------------------------------
 
-def _prefix_cache(cache: DynamicCache, length: int, rows: int, config) -> DynamicCache:
-    """The clean cache's first `length` positions, repeated for `rows` sequences."""
-    from transformers import DynamicCache  # lazy: importing the registry must stay cheap
-    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
-        raise NotImplementedError("OAR-P prefix reuse needs full-attention layers; this model has sliding ones")
-    if length == 0:
-        return DynamicCache(config=config)
-    data = [(layer.keys[:, :, :length].expand(rows, -1, -1, -1),
-             layer.values[:, :, :length].expand(rows, -1, -1, -1)) for layer in cache.layers]
-    return DynamicCache(data, config=config)
+def chunk_rows(first: int, end: int, chunk_size: int, max_batch_tokens: int) -> int:
+    """Perturbed rows of a chunk whose suffix starts at `first`: chunk_size, fewer under the budget."""
+    if not max_batch_tokens:
+        return chunk_size
+    return max(1, min(chunk_size, max_batch_tokens // max(1, end - first)))
 
 
-def _perturbed_chunk(model, ids: torch.Tensor, cache: DynamicCache, targets: torch.Tensor, plan: _Plan,
-                     clean: torch.Tensor, perturb_token_id: int) -> torch.Tensor:
-    """Importance of each position in `targets` (consecutive), one batched suffix pass."""
-    first, rows = int(targets[0]), targets.numel()
+def _perturbation_chunks(spans: list[Span], end: int, chunk_size: int, max_batch_tokens: int) -> list[list[int]]:
+    """Consecutive groups of the (sorted) perturbations, each within chunk_size and the token budget:
+    a chunk recomputes rows x (end - its first start) tokens."""
+    chunks, index = [], 0
+    while index < len(spans):
+        rows = chunk_rows(spans[index][0], end, chunk_size, max_batch_tokens)
+        chunks.append(list(range(index, min(index + rows, len(spans)))))
+        index += rows
+    return chunks
+
+
+def _perturbed_chunk(model, ids: torch.Tensor, cache, spans: list[Span], plan: _Plan, clean: torch.Tensor,
+                     perturb_token_id: int) -> torch.Tensor:
+    """Importance of each perturbation (row i: tokens spans[i] replaced), one batched suffix pass."""
+    first, rows = spans[0][0], len(spans)
     suffix = ids[:, first:plan.end].repeat(rows, 1)  # (k, end - first)
-    suffix[torch.arange(rows, device=ids.device), targets - first] = perturb_token_id
-    prefix = _prefix_cache(cache, first, rows, model.config)
-    logits = model(input_ids=suffix, past_key_values=prefix, use_cache=True,
+    for row, (start, stop) in enumerate(spans):
+        suffix[row, start - first:stop - first] = perturb_token_id
+    prefix = frozen_prefix(cache, model.config, first, rows=rows)
+    logits = model(input_ids=suffix, past_key_values=prefix, use_cache=prefix is not None,
                    logits_to_keep=(plan.positions - first).to(ids.device)).logits  # (k, K, V)
     return outcome.importance(clean, outcome.outcome_from_logits(logits, plan.mode, plan.answer_ids), plan.mode)
 
 
-@torch.no_grad()
-def oar_p(model, input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, mode: str = OAR_P_MODE,
-          perturb_token_id: int | None = None, chunk_size: int = CHUNK_SIZE) -> torch.Tensor:
-    """OAR-P importance (R,) of each reasoning token: KL(P || P^(t)), or phi - phi^(t)."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
-    if perturb_token_id is None:
-        perturb_token_id = model.config.pad_token_id
+def _perturb_token(model, perturb_token_id: int | None) -> int:
+    perturb_token_id = model.config.pad_token_id if perturb_token_id is None else perturb_token_id
     if perturb_token_id is None:
         raise ValueError("OAR-P: the model has no pad token to perturb with; pass perturb_token_id")
+    return perturb_token_id
+
+
+@torch.no_grad()
+def perturbation_scores(model, input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span,
+                        spans: list[Span], mode: str = OAR_P_MODE, perturb_token_id: int | None = None,
+                        chunk_size: int = CHUNK_SIZE, max_batch_tokens: int = 0) -> torch.Tensor:
+    """Importance (len(spans),) float64 of replacing each absolute span of reasoning tokens by the pad
+    token: KL(P || P^(span)), or phi - phi^(span). Spans must be sorted by start, inside the reasoning."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
+    perturb_token_id = _perturb_token(model, perturb_token_id)
     plan = _plan(input_ids, reasoning_span, answer_span, mode)
+    if any(not reasoning_span[0] <= a < b <= reasoning_span[1] for a, b in spans) or spans != sorted(spans):
+        raise ValueError(f"perturbed spans must be sorted and inside the reasoning {reasoning_span}")
     device = model.device
     ids = input_ids[:plan.end].to(device).unsqueeze(0)  # (1, end)
     clean_run = model(input_ids=ids, use_cache=True, logits_to_keep=plan.positions.to(device))
     clean = outcome.outcome_from_logits(clean_run.logits, plan.mode, plan.answer_ids)  # (1, V) or (1,)
-    scores = [torch.zeros(0)]
-    for start in range(reasoning_span[0], reasoning_span[1], chunk_size):
-        targets = torch.arange(start, min(start + chunk_size, reasoning_span[1]), device=device)
-        scores.append(_perturbed_chunk(model, ids, clean_run.past_key_values, targets, plan, clean,
-                                       perturb_token_id).float().cpu())
+    scores = [torch.zeros(0, dtype=torch.float64)]
+    for chunk in _perturbation_chunks(spans, plan.end, chunk_size, max_batch_tokens):
+        scores.append(_perturbed_chunk(model, ids, clean_run.past_key_values, [spans[i] for i in chunk], plan,
+                                       clean, perturb_token_id).cpu())
     return torch.cat(scores)
 
 
+def oar_p(model, input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, mode: str = OAR_P_MODE,
+          perturb_token_id: int | None = None, chunk_size: int = CHUNK_SIZE, max_batch_tokens: int = 0) -> torch.Tensor:
+    """OAR-P importance (R,) of each reasoning token: KL(P || P^(t)), or phi - phi^(t), every token perturbed."""
+    spans = [(t, t + 1) for t in range(*reasoning_span)]
+    return perturbation_scores(model, input_ids, reasoning_span, answer_span, spans, mode, perturb_token_id,
+                               chunk_size, max_batch_tokens).float()
+
+
 def oar_p_batch(model, items: list[Item], mode: str = OAR_P_MODE, perturb_token_id: int | None = None,
-                chunk_size: int = CHUNK_SIZE) -> list[torch.Tensor]:
+                chunk_size: int = CHUNK_SIZE, max_batch_tokens: int = 0) -> list[torch.Tensor]:
     """OAR-P of several responses; the batch dimension is already filled by one response's chunk."""
-    return [oar_p(model, ids, reasoning, answer, mode, perturb_token_id, chunk_size)
+    return [oar_p(model, ids, reasoning, answer, mode, perturb_token_id, chunk_size, max_batch_tokens)
             for ids, reasoning, answer in items]
 
 
@@ -167,23 +191,25 @@ def _shared_prefix_length(item: Item, plan: _Plan) -> int:
     return min(item[1][0], int(plan.positions[0]))
 
 
-def _prefix_batches(items: list[Item], plans: list[_Plan], batch_size: int) -> list[list[int]]:
+def batches_within(indices: list[int], widths: list[int], batch_size: int, max_batch_tokens: int) -> list[list[int]]:
+    """`indices` cut into batches of at most `batch_size` rows and, with a budget, at most
+    max_batch_tokens = rows x widest row (longest first; a row wider than the budget runs alone)."""
+    groups = token_budget(indices, widths, max_batch_tokens) if max_batch_tokens else [indices]
+    return [batch for group in groups for batch in fixed_size(group, batch_size)]
+
+
+def _prefix_batches(items: list[Item], plans: list[_Plan], batch_size: int, max_batch_tokens: int = 0) -> list[list[int]]:
     """Batches of item indices with equal prefix lengths, so their prefixes stack without padding,
     and suffixes of similar length together, so little is padded."""
     by_length: dict[int, list[int]] = {}
     for index, (item, plan) in enumerate(zip(items, plans)):
         by_length.setdefault(_shared_prefix_length(item, plan), []).append(index)
+    widths = [plan.end for plan in plans]  # the attended length: prefix + suffix
     batches = []
     for members in by_length.values():
         members.sort(key=lambda i: plans[i].end)  # stable: samples of one prompt stay in order
-        batches += [members[i:i + batch_size] for i in range(0, len(members), batch_size)]
+        batches += batches_within(members, widths, batch_size, max_batch_tokens)
     return batches
-
-
-def _cache_rows(cache, rows: torch.Tensor, config) -> DynamicCache:
-    """A fresh cache whose row i is row `rows[i]` of `cache` (the model appends to the one it gets)."""
-    from transformers import DynamicCache
-    return DynamicCache([(layer.keys[rows], layer.values[rows]) for layer in cache.layers], config=config)
 
 
 def _oar_g_chunk(model, items: list[Item], plans: list[_Plan], noise_std: float,
@@ -204,8 +230,8 @@ def _oar_g_chunk(model, items: list[Item], plans: list[_Plan], noise_std: float,
     spans = [(start - length, end - length) for _, (start, end), _ in items]
 
     def outcome_logits(**inputs) -> list[torch.Tensor]:
-        past = None if cache is None else _cache_rows(cache, rows, model.config)
-        return _kept_logits(model, positions, attention_mask=mask, past_key_values=past, **inputs)
+        past = None if cache is None else frozen_prefix(cache, model.config, select=rows)  # read-only: replayable
+        return _kept_logits(model, positions, attention_mask=mask, past_key_values=past, use_cache=False, **inputs)
 
     with torch.no_grad():
         teachers = [outcome.outcome_from_logits(logits, p.mode, p.answer_ids)
@@ -216,13 +242,15 @@ def _oar_g_chunk(model, items: list[Item], plans: list[_Plan], noise_std: float,
     objective = sum(outcome.importance(teacher, outcome.outcome_from_logits(logits, p.mode, p.answer_ids), p.mode).sum()
                     for teacher, logits, p in zip(teachers, noisy, plans))
     (gradient,) = torch.autograd.grad(objective, embeds)  # never .backward(): parameter grads stay None
-    saliency = (gradient.float() * embeds.detach().float()).sum(dim=-1).abs()  # (B, S)
-    return [saliency[row, start:end].cpu() for row, (start, end) in enumerate(spans)]
+    saliency = (gradient.double() * embeds.detach().double()).sum(dim=-1).abs()  # (B, S)
+    return [saliency[row, start:end].float().cpu() for row, (start, end) in enumerate(spans)]
 
 
 def oar_g_batch(model, items: list[Item], mode: str = OAR_G_MODE, noise_std: float = NOISE_STD,
-                seeds: list[int] | None = None, batch_size: int = BATCH_SIZE) -> list[torch.Tensor]:
-    """OAR-G of several responses, up to `batch_size` per forward/backward; response i uses `seeds[i]`.
+                seeds: list[int] | None = None, batch_size: int = BATCH_SIZE, max_batch_tokens: int = 0,
+                gradient_checkpointing: bool = False) -> list[torch.Tensor]:
+    """OAR-G of several responses, up to `batch_size` (and max_batch_tokens) per forward/backward;
+    response i uses `seeds[i]`. With gradient_checkpointing each layer is recomputed in the backward.
 
     Responses that share a prefix (a group of samples of one prompt) are batched together and the
     prefix runs once: the scores are those of each response alone, up to float tolerance.
@@ -235,39 +263,40 @@ def oar_g_batch(model, items: list[Item], mode: str = OAR_G_MODE, noise_std: flo
     was_training = model.training
     model.eval()
     try:
-        for members in _prefix_batches(items, plans, batch_size):
-            chunk = _oar_g_chunk(model, [items[i] for i in members], [plans[i] for i in members], noise_std,
-                                 [seeds[i] for i in members])
-            for index, score in zip(members, chunk):
-                scores[index] = score
+        with checkpointed_layers(model, gradient_checkpointing):
+            for members in _prefix_batches(items, plans, batch_size, max_batch_tokens):
+                chunk = _oar_g_chunk(model, [items[i] for i in members], [plans[i] for i in members], noise_std,
+                                     [seeds[i] for i in members])
+                for index, score in zip(members, chunk):
+                    scores[index] = score
         return scores
     finally:
         model.train(was_training)
 
 
 def oar_g(model, input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, mode: str = OAR_G_MODE,
-          noise_std: float = NOISE_STD, seed: int = 0) -> torch.Tensor:
+          noise_std: float = NOISE_STD, seed: int = 0, gradient_checkpointing: bool = False) -> torch.Tensor:
     """OAR-G saliency (R,) of each reasoning token of one response."""
-    return oar_g_batch(model, [(input_ids, reasoning_span, answer_span)], mode, noise_std, [seed])[0]
+    return oar_g_batch(model, [(input_ids, reasoning_span, answer_span)], mode, noise_std, [seed],
+                       gradient_checkpointing=gradient_checkpointing)[0]
 
 
 @torch.no_grad()
 def token_entropy_batch(model, items: list[tuple[torch.Tensor, Span]], temperatures: list[float] | None = None,
-                        batch_size: int = BATCH_SIZE) -> list[torch.Tensor]:
+                        batch_size: int = BATCH_SIZE, max_batch_tokens: int = 0) -> list[torch.Tensor]:
     """Entropy (R,) of the distribution each reasoning token r_t was sampled from (logits at t - 1,
     divided by the sampling temperature): high at forking tokens."""
     temperatures = [1.0] * len(items) if temperatures is None else temperatures
-    scores = []
-    for start in range(0, len(items), batch_size):
-        chunk = items[start:start + batch_size]
-        if any(span[0] < 1 for _, span in chunk):
-            raise ValueError("entropy needs a token before the reasoning (the prompt) to predict it")
+    if any(span[0] < 1 for _, span in items):
+        raise ValueError("entropy needs a token before the reasoning (the prompt) to predict it")
+    scores: list[torch.Tensor | None] = [None] * len(items)
+    for batch in batches_within(list(range(len(items))), [span[1] for _, span in items], batch_size, max_batch_tokens):
+        chunk = [items[i] for i in batch]
         ids, mask = _right_pad([i[:span[1]].cpu() for i, span in chunk], model.config.pad_token_id or 0, model.device)
         positions = [torch.arange(s - 1, e - 1) for _, (s, e) in chunk]
-        for logits, temperature in zip(_kept_logits(model, positions, input_ids=ids, attention_mask=mask),
-                                       temperatures[start:start + batch_size]):
-            log_p = torch.log_softmax(logits[0].float() / temperature, dim=-1)  # (R, V)
-            scores.append(-(log_p.exp() * log_p).sum(dim=-1).cpu())
+        for index, logits in zip(batch, _kept_logits(model, positions, input_ids=ids, attention_mask=mask)):
+            log_p = torch.log_softmax(logits[0].float() / temperatures[index], dim=-1)  # (R, V)
+            scores[index] = -(log_p.exp() * log_p).sum(dim=-1).cpu()
     return scores
 
 
@@ -296,6 +325,10 @@ def segment_rows(table, tokenizer) -> list[Rollout]:
     return rows
 
 
+def items(rollouts: list[Rollout]) -> list[Item]:
+    return [(r.input_ids, r.reasoning, r.answer) for r in rollouts]
+
+
 def row_seed(seed: int, step: int, row: int) -> int:
     """The OAR-G noise seed of one row: independent streams per (run seed, step, row)."""
     return int(np.random.SeedSequence([seed, step, row]).generate_state(1)[0])
@@ -305,8 +338,8 @@ def row_seed(seed: int, step: int, row: int) -> int:
 def oar_p_method(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
     """OAR-P: KL (or answer log-likelihood drop) when a reasoning token is replaced by the pad token."""
     model, tokenizer = context.policy.load()
-    scores = oar_p_batch(model, [(r.input_ids, r.reasoning, r.answer) for r in rollouts], config.oar_p_mode,
-                         tokenizer.pad_token_id, config.chunk_size)
+    scores = oar_p_batch(model, items(rollouts), config.oar_p_mode, tokenizer.pad_token_id, config.chunk_size,
+                         config.max_batch_tokens)
     return [on_reasoning(r, s.numpy()) for r, s in zip(rollouts, scores)]
 
 
@@ -314,10 +347,14 @@ def oar_p_method(rollouts: list[Rollout], table, config, context) -> list[np.nda
 def oar_g_method(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
     """OAR-G: gradient x input saliency of the outcome (`last` for rows without answer tokens)."""
     model, _ = context.policy.load()
+    return [on_reasoning(r, s.numpy()) for r, s in zip(rollouts, oar_g_scores(model, rollouts, config, context))]
+
+
+def oar_g_scores(model, rollouts: list[Rollout], config, context) -> list[torch.Tensor]:
+    """OAR-G of the rollouts as the attribute config asks (the cheap OAR-P variants rank by it too)."""
     seeds = [row_seed(context.seed, context.step, r.row) for r in rollouts]
-    scores = oar_g_batch(model, [(r.input_ids, r.reasoning, r.answer) for r in rollouts], config.oar_g_mode,
-                         config.noise_std, seeds, batch_size=config.batch_size)
-    return [on_reasoning(r, s.numpy()) for r, s in zip(rollouts, scores)]
+    return oar_g_batch(model, items(rollouts), config.oar_g_mode, config.noise_std, seeds, config.batch_size,
+                       config.max_batch_tokens, config.gradient_checkpointing)
 
 
 @ATTRIBUTION_METHODS.register("entropy")
@@ -326,5 +363,5 @@ def entropy_method(rollouts: list[Rollout], table, config, context) -> list[np.n
     model, _ = context.policy.load()
     temperatures = [t if t and t > 0 else 1.0 for t in table["temperature"].to_pylist()]
     scores = token_entropy_batch(model, [(r.input_ids, r.reasoning) for r in rollouts], temperatures,
-                                 batch_size=config.batch_size)
+                                 config.batch_size, config.max_batch_tokens)
     return [on_reasoning(r, s.numpy()) for r, s in zip(rollouts, scores)]
