@@ -71,8 +71,9 @@ def load_tokenizer(directory: str | Path):
         raise OarError(f"{directory}: cannot load the tokenizer ({str(error).splitlines()[0]})") from None
 
 
-def load_policy(directory: str | Path, device: str = "cpu"):
-    """(model, tokenizer) from a model directory, weights from safetensors only."""
+def load_policy(directory: str | Path, device: str = "cpu", dtype: str = "float32"):
+    """(model, tokenizer) from a model directory, weights from safetensors only, in `dtype` (float32 for
+    training; the attribute stage may take bfloat16, half the memory of a copy per rank)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
@@ -83,7 +84,8 @@ def load_policy(directory: str | Path, device: str = "cpu"):
     verify_checkpoint(directory)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
-        model = AutoModelForCausalLM.from_pretrained(directory, use_safetensors=True, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(directory, use_safetensors=True,
+                                                     dtype=getattr(torch, dtype))
     except (OSError, ValueError) as error:
         raise OarError(f"{directory}: cannot load the policy ({str(error).splitlines()[0]})") from None
     if tokenizer.pad_token_id is None:

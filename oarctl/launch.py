@@ -1,18 +1,19 @@
-"""`oarctl run` with `update.accelerate_config`: each step's update in its own `accelerate launch`.
+"""`oarctl run` with `attribute.accelerate_config` / `update.accelerate_config`: each step's attribute
+or update stage in its own `accelerate launch`.
 
-Sampling (vLLM), attribution and the update meet through files, so `run` can hand the update to
-accelerate's launcher (DDP, FSDP, DeepSpeed ZeRO-3 over all the node's GPUs) and take the next
-step's sampling back in its own process, each using the GPUs fully in turn. Before the launch the
-run's vLLM engines are shut down: they hold `vllm.gpu_memory_utilization` of every GPU they use.
-The next sample stage builds them again (an engine start per step; the price of giving the
-trainer whole GPUs).
+Sampling (vLLM), attribution and the update meet through files, so `run` can hand a stage to
+accelerate's launcher over all the node's GPUs (the update: DDP, FSDP, DeepSpeed ZeRO-3; attribute:
+the policy replicated per rank, rows dealt out) and take the next stage back in its own process,
+each using the GPUs fully in turn. Before a launch the run's vLLM engines are shut down: they hold
+`vllm.gpu_memory_utilization` of every GPU they use. The next sample stage builds them again (an
+engine start per step; the price of giving the ranks whole GPUs).
 
 The launched command is the one a user would type for the stage-by-stage recipe:
-    accelerate launch --config_file FILE -m oarctl.cli update ADVANTAGES -o OUTPUT --policy POLICY
+    accelerate launch --config_file FILE -m oarctl.cli STAGE INPUT -o OUTPUT --policy POLICY
         --step N -c RUN_DIR/config.yaml
 run_dir/config.yaml is the run's resolved config, so the launched stage computes the same cache key
-and the run then finds the output as a cache hit; a killed launch leaves only temporaries, and the
-next `oarctl run` launches it again.
+(accelerate_config is left out of it) and the run then finds the output as a cache hit; a killed
+launch leaves only temporaries, and the next `oarctl run` launches it again.
 """
 from __future__ import annotations
 
@@ -31,22 +32,29 @@ def _free_port() -> int:
         return handle.getsockname()[1]
 
 
-def accelerate_config(path: str) -> dict:
+def accelerate_config(path: str, option: str = "update.accelerate_config") -> dict:
     """The launcher config file, read only to check it and to see whether it is one machine."""
     from oarctl.config import read_yaml_mapping
 
-    return read_yaml_mapping(Path(path), "update.accelerate_config file", "accelerate's options")
+    return read_yaml_mapping(Path(path), f"{option} file", "accelerate's options")
+
+
+def stage_command(stage: str, config_file: str, input_path: Path, output: Path, policy: Path, step: int,
+                  run_config: Path, force: bool) -> list[str]:
+    """`accelerate launch --config_file FILE -m oarctl.cli STAGE INPUT -o OUTPUT --policy POLICY --step N
+    -c RUN_CONFIG`, as argv (the launcher run by this Python)."""
+    settings = accelerate_config(config_file, f"{stage}.accelerate_config")
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config_file]
+    if int(settings.get("num_machines", 1)) <= 1 and "main_process_port" not in settings:
+        command += ["--main_process_port", str(_free_port())]  # two runs on one machine must not share one
+    command += ["-m", "oarctl.cli", stage, str(input_path), "-o", str(output), "--policy", str(policy),
+                "--step", str(step), "-c", str(run_config)]
+    return command + (["--force"] if force else [])
 
 
 def update_command(config_file: str, advantages: Path, output: Path, policy: Path, step: int,
                    run_config: Path, force: bool) -> list[str]:
-    settings = accelerate_config(config_file)
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config_file]
-    if int(settings.get("num_machines", 1)) <= 1 and "main_process_port" not in settings:
-        command += ["--main_process_port", str(_free_port())]  # two runs on one machine must not share one
-    command += ["-m", "oarctl.cli", "update", str(advantages), "-o", str(output), "--policy", str(policy),
-                "--step", str(step), "-c", str(run_config)]
-    return command + (["--force"] if force else [])
+    return stage_command("update", config_file, advantages, output, policy, step, run_config, force)
 
 
 def free_generation_engines() -> None:
@@ -64,24 +72,26 @@ def free_generation_engines() -> None:
 
 def _terminate_with_parent() -> None:
     """In the launcher, before it starts: SIGTERM it when the run's process dies (even by SIGKILL).
-    torchrun then stops its ranks, so a killed run leaves no trainer holding the GPUs, and the
-    rerun's launch is the only one writing the step's checkpoint. Linux only (prctl)."""
+    torchrun then stops its ranks, so a killed run leaves no rank holding the GPUs, and the
+    rerun's launch is the only one writing the stage's output. Linux only (prctl)."""
     import ctypes
     import signal
 
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except OSError:
-        pass  # not Linux: a killed run's launcher finishes its update alone
+        pass  # not Linux: a killed run's launcher finishes its stage alone
 
 
-def launch_update(config, advantages: Path, output: Path, policy: Path, step: int, run_config: Path,
-                  force: bool, log=print) -> None:
-    """Run the update stage of `step` under `accelerate launch`; an OarError if it fails."""
-    command = update_command(config.update.accelerate_config, advantages, output, policy, step, run_config, force)
+def launch_stage(stage: str, config, input_path: Path, output: Path, policy: Path, step: int, run_config: Path,
+                 force: bool, log=print) -> None:
+    """Run `stage` (attribute, update) of `step` under `accelerate launch` with its section's
+    accelerate_config; an OarError if it fails."""
+    config_file = getattr(config, stage).accelerate_config
+    command = stage_command(stage, config_file, input_path, output, policy, step, run_config, force)
     free_generation_engines()
-    log(f"update: accelerate launch --config_file {config.update.accelerate_config} (step {step})")
+    log(f"{stage}: accelerate launch --config_file {config_file} (step {step})")
     finished = subprocess.run(command, preexec_fn=_terminate_with_parent)
     if finished.returncode != 0:
-        raise OarError(f"{output}: the update under accelerate launch ({config.update.accelerate_config}) "
+        raise OarError(f"{output}: the {stage} under accelerate launch ({config_file}) "
                        f"exited with code {finished.returncode}; its output is above")

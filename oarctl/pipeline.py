@@ -21,7 +21,7 @@ import yaml
 from oarctl import config as config_module
 from oarctl.artifacts import write_bytes_atomically, write_parquet
 from oarctl.errors import OarError
-from oarctl.launch import free_generation_engines, launch_update
+from oarctl.launch import accelerate_config, free_generation_engines, launch_stage
 from oarctl.logging_backends import MetricsSinks
 from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
                            why_stale)
@@ -93,11 +93,13 @@ def _stage_context(name: str, config, step: int, policy_path: Path | None) -> St
 
 
 def _policy(config, path: Path, stage: str) -> Policy:
-    """Only the generating stages get a backend other than transformers (it is in their cache key)."""
+    """Only the generating stages get a backend other than transformers (it is in their cache key);
+    attribute loads the weights in attribute.dtype (in its cache key too), the others in float32."""
     from oarctl.policy.backends import resolve
 
     backend = resolve(config.policy.backend) if stage in ("sample", "evaluate") else "transformers"
-    return Policy(path, config.policy.device, backend, config_module.section_dict(config, "vllm"))
+    dtype = config.attribute.dtype if stage == "attribute" else "float32"
+    return Policy(path, config.policy.device, backend, config_module.section_dict(config, "vllm"), dtype)
 
 
 TEMPLATED_STAGES = ("sample", "evaluate")
@@ -109,7 +111,7 @@ def key_section(config, name: str) -> dict:
     from oarctl.templates import DEFAULT, resolve
 
     section = config_module.section_dict(config, name)
-    section.pop("accelerate_config", None)  # how the update is launched, not what it computes
+    section.pop("accelerate_config", None)  # how the stage is launched, not what it computes
     if name in TEMPLATED_STAGES and config.data.prompt_template != DEFAULT:
         section["prompt_template"] = resolve(config.data.prompt_template).identity
     return section
@@ -199,21 +201,30 @@ def _evaluate(config, heldout: Path, policy: Path, output: Path, force: bool, lo
     return manifest["metrics"]
 
 
+LAUNCHABLE_STAGES = ("attribute", "update")  # with `<stage>.accelerate_config`, run under accelerate launch
+
+
+def _launched_stages(config) -> list[str]:
+    return [name for name in LAUNCHABLE_STAGES if getattr(config, name).accelerate_config]
+
+
 def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force: bool, log) -> dict:
     """The five stages of one RL step; returns {stage: metrics}."""
     folder = step_dir(run_dir, step)
     previous = {"sample": train}
     metrics = {}
+    launched = _launched_stages(config)
     for name in STEP_STAGES:
         stage = STAGES[name]
         output = folder / STEP_OUTPUTS[name]
         (input_name,) = stage.inputs
         inputs = {input_name: previous[name]}
-        if name == "update" and config.update.accelerate_config:
-            _launched_update(config, inputs, output, step, policy, run_dir, force, log)
-            force = False  # it is written now: run_stage below only reads its manifest
-        manifest, _ = run_stage(name, config, inputs, output, step=step, policy_path=policy, force=force, log=log)
-        if name == "sample" and config.update.accelerate_config:
+        if name in launched:
+            _launched_stage(name, config, inputs, output, step, policy, run_dir, force, log)
+        # a launched stage is written now: run_stage only reads its manifest
+        manifest, _ = run_stage(name, config, inputs, output, step=step, policy_path=policy,
+                                force=force and name not in launched, log=log)
+        if name == "sample" and launched:
             free_generation_engines()  # attribute gets whole GPUs too: the engines restart next step anyway
         metrics[name] = manifest["metrics"]
         following = STEP_STAGES.index(name) + 1
@@ -222,15 +233,16 @@ def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force
     return metrics
 
 
-def _launched_update(config, inputs: dict, output: Path, step: int, policy: Path, run_dir: Path, force: bool,
-                     log) -> None:
-    """The step's update under `accelerate launch` (oarctl/launch.py), unless it is already done."""
-    if not force and stage_state("update", config, inputs, output, step=step, policy_path=policy) == "done":
+def _launched_stage(name: str, config, inputs: dict, output: Path, step: int, policy: Path, run_dir: Path,
+                    force: bool, log) -> None:
+    """The step's stage under `accelerate launch` (oarctl/launch.py), unless it is already done."""
+    if not force and stage_state(name, config, inputs, output, step=step, policy_path=policy) == "done":
         return
-    launch_update(config, inputs["advantages"], output, policy, step, run_dir / "config.yaml", force, log)
-    state = stage_state("update", config, inputs, output, step=step, policy_path=policy)
-    if state != "done":  # never train twice: the run would otherwise redo the update in its own process
-        raise OarError(f"{output}: the launched update did not leave this run's output ({state})")
+    (input_path,) = inputs.values()
+    launch_stage(name, config, input_path, output, policy, step, run_dir / "config.yaml", force, log)
+    state = stage_state(name, config, inputs, output, step=step, policy_path=policy)
+    if state != "done":  # never run twice: the run would otherwise redo the stage in its own process
+        raise OarError(f"{output}: the launched {name} did not leave this run's output ({state})")
 
 
 def _evaluated(step: int, config) -> bool:
@@ -253,6 +265,8 @@ def _flatten(prefix: str, metrics: dict) -> dict:
 
 def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
     """The whole loop, resumable: every finished stage is a cache hit on the next invocation."""
+    for name in _launched_stages(config):  # a bad launcher file is an error now, not after sampling
+        accelerate_config(getattr(config, name).accelerate_config, f"{name}.accelerate_config")
     data = prepare_run_dir(run_dir, config)
     base = resolve_policy_path(config.policy.path)
     lines = [{"kind": "eval", "after_steps": 0,

@@ -28,6 +28,7 @@ class Policy:
     device: str = "cpu"
     backend: str = "transformers"  # concrete generation backend (oarctl.policy.backends), never "auto"
     vllm: dict | None = None  # the vllm config section, for backend "vllm"
+    dtype: str = "float32"  # of the transformers weights `load` gives (attribute.dtype for attribute)
     _loaded: tuple | None = None
 
     @property
@@ -36,7 +37,7 @@ class Policy:
 
     def load(self):
         if self._loaded is None:
-            self._loaded = load_policy(self.path, self.device)
+            self._loaded = load_policy(self.path, self.device, self.dtype)
         return self._loaded
 
     def load_tokenizer(self):

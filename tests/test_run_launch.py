@@ -1,18 +1,22 @@
-"""`oarctl run` with update.accelerate_config: each step's update runs under `accelerate launch`
-(here FSDP over two CPU processes, as the 7B configs' fsdp.yaml over GPUs) and the run continues
-from what the launched processes wrote."""
+"""`oarctl run` with update.accelerate_config / attribute.accelerate_config: each step's update (here FSDP
+over two CPU processes, as the 7B configs' fsdp.yaml over GPUs) or attribute stage (two CPU ranks, the
+policy replicated) runs under `accelerate launch`, and the run continues from what the launched
+processes wrote."""
 from __future__ import annotations
 
 import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from conftest import hidden_temporaries, oarctl_executable
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP_ON_TWO_CPU_PROCESSES = ROOT / "configs" / "accelerate" / "cpu-fsdp-2proc.yaml"
+TWO_CPU_PROCESSES = ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"
 
 
 def _largest_difference(one: Path, two: Path) -> float:
@@ -42,18 +46,50 @@ def test_a_run_launches_each_update_and_matches_the_in_process_run(cli, tiny_con
     assert "accelerate launch" not in resumed.output  # every update is a cache hit: nothing launched
 
 
-def test_a_missing_accelerate_config_is_one_line(cli, tiny_config, tmp_path):
+def _token_scores(path: Path) -> list[np.ndarray]:
+    return [np.array(s, dtype=np.float64) for s in pq.read_table(path)["token_scores"].to_pylist()]
+
+
+def test_a_run_launches_each_attribute_stage_and_matches_the_in_process_run(cli, tiny_config, tmp_path):
+    """~40-70 s: two launches of three Python processes. The embedded toy policy writes reasoning, so
+    OAR-G has tokens to score; skip_uniform_groups leaves the uniform groups unscored on the ranks too."""
+    config = tiny_config(policy={"path": "toy"}, run={"steps": 2, "progress": False},
+                         sample={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 40},
+                         attribute={"method": "oar_g", "skip_uniform_groups": True})
+    single = cli("run", "-c", config, "--run-dir", tmp_path / "single")
+    assert single.exit_code == 0, single.output
+    launch = ["--set", f"attribute.accelerate_config={TWO_CPU_PROCESSES}"]
+    launched = cli("run", "-c", config, "--run-dir", tmp_path / "launched", *launch)
+    assert launched.exit_code == 0, launched.output
+    assert launched.output.count("attribute: accelerate launch --config_file") == 2
+    assert "update: accelerate launch" not in launched.output  # the update stays in the run's process
+    # step 0: the same verified rows, so the same scores up to OAR-G's batching (tests/test_attribute_ranks.py)
+    step = "step_0000/attributions.parquet"
+    one, two = pq.read_table(tmp_path / "single" / step), pq.read_table(tmp_path / "launched" / step)
+    assert one.drop(["token_scores"]).equals(two.drop(["token_scores"]))
+    for a, b in zip(_token_scores(tmp_path / "single" / step), _token_scores(tmp_path / "launched" / step)):
+        assert np.array_equal(np.isnan(a), np.isnan(b))
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-3 * np.nanmax(np.abs(a), initial=0.0))
+    assert (tmp_path / "launched" / "step_0001" / "attributions.parquet.manifest.json").exists()
+
+    resumed = cli("run", "-c", config, "--run-dir", tmp_path / "launched", *launch)
+    assert resumed.exit_code == 0, resumed.output
+    assert "accelerate launch" not in resumed.output  # every attribute stage is a cache hit: nothing launched
+
+
+@pytest.mark.parametrize("stage", ["attribute", "update"])
+def test_a_missing_accelerate_config_is_one_line(cli, tiny_config, tmp_path, stage):
     result = cli("run", "-c", tiny_config(), "--run-dir", tmp_path / "run",
-                 "--set", "update.accelerate_config=no/such.yaml")
+                 "--set", f"{stage}.accelerate_config=no/such.yaml")
     assert result.exit_code != 0
-    assert "no/such.yaml: update.accelerate_config file not found" in result.output
+    assert f"no/such.yaml: {stage}.accelerate_config file not found" in result.output
     assert "Traceback" not in result.output
-    assert not (tmp_path / "run" / "step_0000" / "policy").exists()
+    assert not (tmp_path / "run" / "step_0000").exists()  # checked before the run starts
 
 
 def _processes_naming(path: Path) -> list[int]:
-    """Live processes whose command line names `path` (the launcher and its ranks name the step's
-    advantages file)."""
+    """Live processes whose command line names `path` (the launcher and its ranks name the launched
+    stage's input file)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
@@ -73,27 +109,37 @@ def _wait_for(condition, seconds: float) -> bool:
     return condition()
 
 
+# stage -> (accelerate config, the input its launcher and ranks name, its output, the file that finishes it)
+LAUNCHED = {"update": (FSDP_ON_TWO_CPU_PROCESSES, "advantages.parquet", "policy", "policy/checkpoint.json"),
+            "attribute": (TWO_CPU_PROCESSES, "verified.parquet", "attributions.parquet",
+                          "attributions.parquet.manifest.json")}
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the launched processes")
-def test_a_run_killed_during_a_launched_update_leaves_no_rank_behind_and_resumes(tiny_config, tmp_path):
+@pytest.mark.parametrize("stage", ["update", "attribute"])
+def test_a_run_killed_during_a_launched_stage_leaves_no_rank_behind_and_resumes(tiny_config, tmp_path, stage):
     """SIGKILL of `oarctl run` while the launcher and both ranks are up: the launcher gets SIGTERM
     (parent-death signal) and stops its ranks; rerunning the command finishes the step."""
+    launcher_config, input_name, output_name, finished = LAUNCHED[stage]
     config = tiny_config(signal=True, run={"steps": 1, "progress": False})
     run = tmp_path / "run"
     command = [oarctl_executable(), "run", "-c", str(config), "--run-dir", str(run),
-               "--set", f"update.accelerate_config={FSDP_ON_TWO_CPU_PROCESSES}"]
-    advantages = run / "step_0000" / "advantages.parquet"
+               "--set", f"{stage}.accelerate_config={launcher_config}"]
+    named = run / "step_0000" / input_name
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert _wait_for(lambda: len(_processes_naming(advantages)) >= 3, 120), "launcher + 2 ranks never ran"
+        assert _wait_for(lambda: len(_processes_naming(named)) >= 3, 120), "launcher + 2 ranks never ran"
     finally:
         process.kill()
         process.wait()
-    assert _wait_for(lambda: not _processes_naming(advantages), 30), _processes_naming(advantages)
+    assert _wait_for(lambda: not _processes_naming(named), 30), _processes_naming(named)
     # stopped, not finished as orphans (ranks that outlive the run would write the step on their own,
     # racing the rerun's launch; killed this early, they were still importing torch)
-    assert not (run / "step_0000" / "policy").exists()
+    assert not (run / "step_0000" / output_name).exists()
+    assert not (run / "step_0000" / f"{output_name}.manifest.json").exists()
 
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert (run / "step_0000" / finished).exists()
     assert (run / "step_0000" / "policy" / "checkpoint.json").exists()
     assert hidden_temporaries(run) == []
