@@ -226,3 +226,22 @@ def test_skip_uniform_groups_with_no_mixed_group_scores_nothing(verified, tmp_pa
                         "--set", "attribute.skip_uniform_groups=true")
     assert _metrics(tmp_path / "out.parquet")["scored_fraction"] == 0.0
     assert all(np.isnan(s).all() for s in _scores(tmp_path / "out.parquet"))
+
+
+# ---- attribute.dtype -----------------------------------------------------------------------------
+
+def test_the_stage_loads_the_policy_in_attribute_dtype(verified):
+    """bfloat16 weights (half the memory of a replica per rank); the other stages keep float32."""
+    import torch
+
+    from oarctl.config import load_config
+    from oarctl.pipeline import _stage_context
+
+    config = load_config(verified["config"], ["attribute.dtype=bfloat16"])
+    model, _ = _stage_context("attribute", config, 0, None).policy.load()
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert _stage_context("update", config, 0, None).policy.dtype == "float32"
+    output = verified["folder"] / "bf16.parquet"
+    _attribute(verified, output, "oar_g", "--set", "attribute.dtype=bfloat16")
+    reasoning = [s[~np.isnan(s)] for s in _scores(output)]
+    assert all(np.isfinite(s).all() for s in reasoning) and any((s > 0).any() for s in reasoning)

@@ -25,25 +25,36 @@ def _largest_difference(one: Path, two: Path) -> float:
     return max(float((first[name] - second[name]).abs().max()) for name in first)
 
 
+def _in_process_then_launched(cli, config: Path, tmp_path: Path, stage: str, launcher: Path) -> list[str]:
+    """Run the config in-process (tmp_path/single), then with the stage launched (tmp_path/launched):
+    two steps, two launches. Returns the launch's --set arguments."""
+    single = cli("run", "-c", config, "--run-dir", tmp_path / "single")
+    assert single.exit_code == 0, single.output
+    launch = ["--set", f"{stage}.accelerate_config={launcher}"]
+    launched = cli("run", "-c", config, "--run-dir", tmp_path / "launched", *launch)
+    assert launched.exit_code == 0, launched.output
+    assert launched.output.count(f"{stage}: accelerate launch --config_file") == 2
+    assert launched.output.count("accelerate launch --config_file") == 2  # the other stage stays in-process
+    return launch
+
+
+def _resumes_without_launching(cli, config: Path, run_dir: Path, launch: list[str]) -> None:
+    resumed = cli("run", "-c", config, "--run-dir", run_dir, *launch)
+    assert resumed.exit_code == 0, resumed.output
+    assert "accelerate launch" not in resumed.output  # every launched stage is a cache hit: nothing launched
+
+
 def test_a_run_launches_each_update_and_matches_the_in_process_run(cli, tiny_config, tiny_policy, tmp_path):
     """~40 s: two launches, each starting three Python processes that import torch."""
     config = tiny_config(signal=True, run={"steps": 2, "progress": False})
-    single = cli("run", "-c", config, "--run-dir", tmp_path / "single")
-    assert single.exit_code == 0, single.output
-    launch = ["--set", f"update.accelerate_config={FSDP_ON_TWO_CPU_PROCESSES}"]
-    launched = cli("run", "-c", config, "--run-dir", tmp_path / "launched", *launch)
-    assert launched.exit_code == 0, launched.output
-    assert launched.output.count("update: accelerate launch --config_file") == 2
+    launch = _in_process_then_launched(cli, config, tmp_path, "update", FSDP_ON_TWO_CPU_PROCESSES)
     # step 0: same batch, so the same weights up to float summation order; step 1 samples from them
     step = "step_0000/policy"
     assert _largest_difference(tiny_policy, tmp_path / "single" / step) > 1e-4  # the update did change them
     assert _largest_difference(tmp_path / "single" / step, tmp_path / "launched" / step) < 1e-5
     assert (tmp_path / "launched" / "step_0001" / "policy" / "checkpoint.json").exists()
     assert (tmp_path / "launched" / step / "optimizer.safetensors").exists()  # FSDP carries AdamW on
-
-    resumed = cli("run", "-c", config, "--run-dir", tmp_path / "launched", *launch)
-    assert resumed.exit_code == 0, resumed.output
-    assert "accelerate launch" not in resumed.output  # every update is a cache hit: nothing launched
+    _resumes_without_launching(cli, config, tmp_path / "launched", launch)
 
 
 def _token_scores(path: Path) -> list[np.ndarray]:
@@ -56,13 +67,7 @@ def test_a_run_launches_each_attribute_stage_and_matches_the_in_process_run(cli,
     config = tiny_config(policy={"path": "toy"}, run={"steps": 2, "progress": False},
                          sample={"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 40},
                          attribute={"method": "oar_g", "skip_uniform_groups": True})
-    single = cli("run", "-c", config, "--run-dir", tmp_path / "single")
-    assert single.exit_code == 0, single.output
-    launch = ["--set", f"attribute.accelerate_config={TWO_CPU_PROCESSES}"]
-    launched = cli("run", "-c", config, "--run-dir", tmp_path / "launched", *launch)
-    assert launched.exit_code == 0, launched.output
-    assert launched.output.count("attribute: accelerate launch --config_file") == 2
-    assert "update: accelerate launch" not in launched.output  # the update stays in the run's process
+    launch = _in_process_then_launched(cli, config, tmp_path, "attribute", TWO_CPU_PROCESSES)
     # step 0: the same verified rows, so the same scores up to OAR-G's batching (tests/test_attribute_ranks.py)
     step = "step_0000/attributions.parquet"
     one, two = pq.read_table(tmp_path / "single" / step), pq.read_table(tmp_path / "launched" / step)
@@ -71,10 +76,7 @@ def test_a_run_launches_each_attribute_stage_and_matches_the_in_process_run(cli,
         assert np.array_equal(np.isnan(a), np.isnan(b))
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-3 * np.nanmax(np.abs(a), initial=0.0))
     assert (tmp_path / "launched" / "step_0001" / "attributions.parquet.manifest.json").exists()
-
-    resumed = cli("run", "-c", config, "--run-dir", tmp_path / "launched", *launch)
-    assert resumed.exit_code == 0, resumed.output
-    assert "accelerate launch" not in resumed.output  # every attribute stage is a cache hit: nothing launched
+    _resumes_without_launching(cli, config, tmp_path / "launched", launch)
 
 
 @pytest.mark.parametrize("stage", ["attribute", "update"])
