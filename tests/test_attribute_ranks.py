@@ -169,20 +169,10 @@ def test_two_ranks_write_the_scores_of_one_process(verified, method):
     # the launch adds nothing of its own: each rank's scores are, bit for bit, those of the method called
     # in one process on that rank's rows
     assert _relative_difference(_scores(two), _scored_per_rank(verified, method)) == 0.0
-    if method == "oar_p":
-        # OAR-P scores each row on its own (its clean pass and perturbation chunks), whatever else is on
-        # the rank: the very bytes of one process
-        assert same_bytes and difference == 0.0
-    else:
-        # Not byte-identical: OAR-G batches the rows a rank holds (equal prompt lengths together, up to
-        # batch_size). Two of the fixture's groups have one prompt length; one process batches their rows
-        # together, two ranks hold one group each, so some rows run in other batches (here: alone, where
-        # CPU kernels take another path) and their float32 logits move in the last bits. OAR-G's gradient
-        # is that of the distance between two outcome distributions noise_std (1e-3) apart, which
-        # amplifies those bits: measured 2.6e-4 of the row's largest score on the two rows whose batch
-        # changed, 0 on the others. One process is no steadier: batch_size 1 instead of 3 moves its
-        # scores by ~3e-3 in float32, and by exactly 0 with the model in float64 (the batching is exact).
-        assert not same_bytes and 0.0 < difference <= 1e-3
+    # OAR-P scores each row on its own (its clean pass and perturbation chunks), and OAR-G batches only
+    # rows of one prompt (oar._prefix_batches), whose group is never split over ranks: every row meets
+    # the same batch, padding and kernels as in one process, so the bytes are those of one process.
+    assert same_bytes and difference == 0.0
 
 
 # ---- skip_uniform_groups -------------------------------------------------------------------------

@@ -199,14 +199,16 @@ def batches_within(indices: list[int], widths: list[int], batch_size: int, max_b
 
 
 def _prefix_batches(items: list[Item], plans: list[_Plan], batch_size: int, max_batch_tokens: int = 0) -> list[list[int]]:
-    """Batches of item indices with equal prefix lengths, so their prefixes stack without padding,
-    and suffixes of similar length together, so little is padded."""
-    by_length: dict[int, list[int]] = {}
+    """Batches of item indices that share one prefix (a prompt's group), suffixes of similar length
+    together. A batch never mixes prompts, so its rows, padding and float rounding are the same
+    whichever other groups are scored beside it: in one process or dealt over ranks alike (OAR-G's
+    objective, a KL between outcomes 1e-3 apart, turns float32 rounding into ~1e-3 relative noise)."""
+    by_prefix: dict[tuple, list[int]] = {}
     for index, (item, plan) in enumerate(zip(items, plans)):
-        by_length.setdefault(_shared_prefix_length(item, plan), []).append(index)
+        by_prefix.setdefault(tuple(item[0][:_shared_prefix_length(item, plan)].tolist()), []).append(index)
     widths = [plan.end for plan in plans]  # the attended length: prefix + suffix
     batches = []
-    for members in by_length.values():
+    for members in by_prefix.values():
         members.sort(key=lambda i: plans[i].end)  # stable: samples of one prompt stay in order
         batches += batches_within(members, widths, batch_size, max_batch_tokens)
     return batches
