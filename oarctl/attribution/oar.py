@@ -214,6 +214,18 @@ def _prefix_batches(items: list[Item], plans: list[_Plan], batch_size: int, max_
     return batches
 
 
+def additive_causal_mask(keys: torch.Tensor, offset: int, dtype) -> torch.Tensor:
+    """(B, 1, S, offset + S) float mask, 0 where query i may attend key j (j <= offset + i and key j is
+    no pad), -inf elsewhere. Built here rather than by transformers (a boolean mask): with a float mask
+    PyTorch's CPU attention takes its flash kernel, whose backward keeps no (S, S) score matrices, so
+    OAR-G's memory per token stays flat on CPU as on GPUs (where both kinds run memory-efficiently)."""
+    queries = keys.shape[1] - offset
+    causal = torch.arange(keys.shape[1], device=keys.device)[None, :] <= offset + torch.arange(
+        queries, device=keys.device)[:, None]  # (S, offset + S)
+    allowed = causal[None, None] & keys.bool()[:, None, None, :]  # (B, 1, S, offset + S)
+    return torch.zeros(allowed.shape, dtype=dtype, device=keys.device).masked_fill(~allowed, float("-inf"))
+
+
 def _oar_g_chunk(model, items: list[Item], plans: list[_Plan], noise_std: float,
                  seeds: list[int]) -> list[torch.Tensor]:
     """OAR-G of responses with equal-length shared prefixes; only the suffixes get a graph."""
@@ -227,7 +239,8 @@ def _oar_g_chunk(model, items: list[Item], plans: list[_Plan], noise_std: float,
             cache = model(input_ids=torch.tensor(list(prefixes), device=model.device), use_cache=True).past_key_values
     ids, mask = _right_pad([i[length:p.end].cpu() for (i, _, _), p in zip(items, plans)],
                            model.config.pad_token_id or 0, model.device)
-    mask = torch.cat([mask.new_ones((len(items), length)), mask], dim=1)
+    mask = additive_causal_mask(torch.cat([mask.new_ones((len(items), length)), mask], dim=1), length,
+                                model.get_input_embeddings().weight.dtype)
     positions = [p.positions - length for p in plans]
     spans = [(start - length, end - length) for _, (start, end), _ in items]
 
