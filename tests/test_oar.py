@@ -324,7 +324,7 @@ def test_entropy_matches_direct_computation(model, tokenizer):
         torch.testing.assert_close(scores, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["oar_p", "oar_g", "entropy"])
+@pytest.mark.parametrize("method", ["oar_p", "oar_p_span", "oar_p_screened", "oar_g", "entropy"])
 def test_registry_entries_score_every_response_token(model, tokenizer, method):
     texts = ["3+4 is 7, so \\boxed{17}", "no idea"]
     prompt = encode(tokenizer, PROMPT)
