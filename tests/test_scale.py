@@ -1,0 +1,143 @@
+"""bench/scale.py, the 7B arithmetic: its formulas agree with what torch measures on a tiny Qwen2, its
+copies of the code's batching rules agree with the code, and it runs on the shipped configs."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "scale.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_scale", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_scale"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+scale = _load()
+
+
+class _Args:
+    prompt_tokens, mean_response, sigma = 150, 700.0, 0.75
+
+
+HW = scale.Hardware(8, 989.0, 67.0, 80.0, 3.35, 450.0, 0.4, 3.0)
+
+
+def _setting(path: str, *overrides: str):
+    return scale.load_setting(ROOT / path, None, _Args, 0.5, overrides)
+
+
+def test_forward_flops_formula_matches_flop_counter_on_a_tiny_qwen2():
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = scale._tiny_model(2, attention="eager")  # FlopCounterMode does not count CPU SDPA kernels
+    batch, length = 2, 96
+    ids = torch.randint(1, scale.TINY.vocab, (batch, length), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids)
+    # eager attention multiplies the full score matrix: length^2 (query, key) pairs per row
+    predicted = scale.forward_flops(scale.TINY, batch * length, batch * length * length, batch * length)
+    assert counter.get_total_flops() == pytest.approx(predicted, rel=0.02)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, logits_to_keep=1)
+    predicted = scale.forward_flops(scale.TINY, batch * length, batch * length * length, batch)
+    assert counter.get_total_flops() == pytest.approx(predicted, rel=0.02)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["kept", "checkpointed"])
+def test_oar_g_kept_bytes_per_token_per_layer_match_saved_tensors(checkpointing):
+    items = scale._tiny_items(16, [60, 50, 40])
+    saved = {layers: scale._saved_bytes(scale._tiny_model(layers), items, checkpointing)[0] for layers in (2, 4)}
+    measured = (saved[4] - saved[2]) / 2 / scale._suffix_tokens(items)
+    formula = scale.checkpoint_bytes_per_token_layer if checkpointing else scale.activation_bytes_per_token_layer
+    assert measured == pytest.approx(formula(scale.TINY, 4), rel=0.05)
+
+
+def test_the_mirrored_batching_rules_are_the_code_s():
+    from oarctl.attribution import ATTRIBUTION_METHODS, oar, oar_p_cheap
+    from oarctl.config import AttributeConfig
+
+    assert set(scale.METHODS) == set(ATTRIBUTION_METHODS.names())
+    widths = [900, 3222, 400, 1500, 700, 3000, 250, 820]
+    for batch_size, budget in ((8, 0), (8, 4096), (3, 4096), (32, 16384)):
+        assert scale.batches_within(list(range(8)), widths, batch_size, budget) == \
+            oar.batches_within(list(range(8)), widths, batch_size, budget)
+    for first, end, chunk, budget in ((150, 850, 256, 4096), (150, 3200, 8, 0), (3000, 3200, 256, 4096)):
+        assert scale.chunk_rows(first, end, chunk, budget) == oar.chunk_rows(first, end, chunk, budget)
+    starts = np.arange(150, 840, 32)
+    spans = [(int(a), int(a) + 32) for a in starts]
+    assert [rows for _, rows in scale.perturbation_chunks(starts, 850, 256, 4096)] == \
+        [len(c) for c in oar._perturbation_chunks(spans, 850, 256, 4096)]
+    for length, span, cap in ((690, 32, 256), (3060, 16, 128), (10, 32, 256)):
+        assert list(scale.windows(150, 150 + length, span, cap)) == \
+            [a for a, _ in oar_p_cheap.windows((150, 150 + length), span, cap)]
+    config = AttributeConfig(screen_fraction=0.1, audit_fraction=0.02, max_perturbations=256)
+    for length in (5, 690, 3060):
+        top, audit = oar_p_cheap.screened_positions(np.random.default_rng(0).random(length), config, 0)
+        assert scale.screened_count(length, 0.1, 0.02, 256) == len(top) + len(audit)
+
+
+def test_response_lengths_have_the_stated_mean_and_cap():
+    lengths = scale.response_lengths(1024, 8, 150, 700.0, 3072, 0.75)
+    assert lengths.mean == pytest.approx(700, rel=1e-6)
+    assert lengths.responses.mean() == pytest.approx(700, rel=0.02)
+    assert lengths.responses.max() == 3072 and 0 < lengths.at_cap < 0.05
+    assert (lengths.responses.astype(float) ** 2).mean() == pytest.approx(lengths.second, rel=0.05)
+    assert math.sqrt(lengths.second) > lengths.mean  # a spread, so E[R^2] > E[R]^2
+
+
+def test_the_old_7b_oar_g_settings_do_not_fit_and_the_budget_makes_them_fit():
+    # as the 7B oar-g config was before issue 14: fp32, 8 responses of up to 3,072 tokens, no budget,
+    # no checkpointing, on one GPU
+    old = _setting("configs/qwen2.5-7b/oar-g.yaml", "attribute.dtype=float32", "attribute.accelerate_config=''",
+                   "attribute.max_batch_tokens=0", "attribute.gradient_checkpointing=false", "attribute.batch_size=8",
+                   "attribute.skip_uniform_groups=false")
+    cost = scale.attribute_stage(old, HW, "oar_g")
+    assert cost.held_bytes > 80e9
+    assert cost.held["activations"] > 8 * 3000 * 28 * scale.activation_bytes_per_token_layer(old.shape, 4)
+    fixed = _setting("configs/qwen2.5-7b/oar-g.yaml", "attribute.dtype=float32", "attribute.max_batch_tokens=4096",
+                     "attribute.gradient_checkpointing=true")
+    assert scale.attribute_stage(fixed, HW, "oar_g").held_bytes < 80e9
+    old_update = _setting("configs/qwen2.5-7b/grpo.yaml", "update.micro_batch_tokens=0", "update.micro_batch_size=8")
+    assert scale.update_stage(old_update, HW).held["logits_full_vocab"] > 80e9  # 8 x 3,222 tokens x 3.65 MB
+
+
+def test_exact_oar_p_costs_about_r_squared_over_two_token_forwards():
+    setting = _setting("configs/qwen2.5-7b/oar-p.yaml", "attribute.skip_uniform_groups=false", "attribute.chunk_size=1")
+    cost = scale.attribute_stage(setting, HW, "oar_p")
+    reasoning = scale.reasoning_tokens(setting.lengths.responses).astype(float)
+    tail = scale.CONCLUDE_TOKENS + scale.ANSWER_TOKENS - 1  # suffix tokens after the reasoning
+    expected = float(np.sum(reasoning * (reasoning + 1) / 2 + reasoning * tail))
+    assert cost.token_forwards == pytest.approx(expected, rel=1e-9)
+    span = scale.attribute_stage(setting, HW, "oar_p_span")
+    assert span.token_forwards < cost.token_forwards / 10
+
+
+def test_quick_run_on_the_shipped_configs_prints_every_stage_and_passes():
+    result = subprocess.run([sys.executable, str(SCRIPT), "--quick"], capture_output=True, text=True, timeout=300,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    reports = re.split(r"^== ", out, flags=re.MULTILINE)[1:]
+    assert len(reports) == 6
+    for report in reports:
+        for stage in ("sample", "attribute (", "update"):
+            assert re.search(rf"^   {re.escape(stage)}.*\s\d+\.\d+\s+\d+\.\d+%$", report, re.MULTILINE), stage
+        for method in scale.METHODS:
+            assert re.search(rf"^   [* ] {method}\s", report, re.MULTILINE), method
+    assert "PREDICTED" in out and "predicted s" in out
+    verdicts = re.findall(r"^  (PASS|FAIL) \((a|b|c)\)", out, re.MULTILINE)
+    assert {criterion for _, criterion in verdicts} == {"a", "b", "c"}
+    assert [line for line in out.splitlines() if line.startswith("  FAIL")] == []
