@@ -15,6 +15,13 @@ tokens + `\\boxed{` + 3 answer tokens, outcome `last`:
 Every measurement runs in a forked child, so its peak memory (resident-set high-water mark above
 the child's start) is its own and not a leftover of an earlier one.
 
+Part 3 (`--parts methods`): every attribution method on one response of R = 256, 1,024 and 3,072
+reasoning tokens, on a random-init Qwen2 of Qwen2.5-7B's proportions scaled to CPU size with the
+151,936-token vocabulary: time, peak memory, and for the cheap methods the recall of exact OAR-P's
+top-20% tokens and the Spearman correlation with it. Above `--exact-up-to`, exact OAR-P is timed on
+a few evenly spaced chunks and scaled (its scores are not computed, so no recall there).
+Part 4 (`--parts precision`): bf16 against fp32 scores of the same weights.
+
 Part 2: the toy policy samples a batch (the sample and verify stages of the demo config), then the
 attribute stage runs with each method and the update stage runs once, on that same batch.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +178,112 @@ def stage_costs(args) -> None:
         print(f"{name:<22} {seconds:>8.2f} {seconds / timings['update']:>9.2f}")
 
 
+# ---- part 3: every method at real lengths on a model of real proportions --------------------------
+
+def scaled_qwen2(hidden: int, layers: int, dtype=torch.float32):
+    """A random-init Qwen2 with Qwen2.5-7B's proportions (head dim 128 -> 64 here, 7 query heads per
+    key/value head, intermediate / hidden = 18944 / 3584, untied) and Qwen2.5's vocabulary."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    heads = max(1, hidden // 64)
+    config = Qwen2Config(vocab_size=QWEN25_VOCAB, hidden_size=hidden, intermediate_size=round(hidden * 18944 / 3584),
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 7),
+                         max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=QWEN25_VOCAB - 1)
+    return Qwen2ForCausalLM(config).to(dtype).eval()
+
+
+def ranks(values: np.ndarray) -> np.ndarray:
+    return np.argsort(np.argsort(values, kind="stable"), kind="stable").astype(float)
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(ranks(a), ranks(b))[0, 1])
+
+
+def top_recall(exact: np.ndarray, cheap: np.ndarray, share: float = 0.2) -> float:
+    """Share of exact OAR-P's top-`share` tokens that are also among the cheap method's top-`share`."""
+    count = max(1, round(share * exact.size))
+    return len(set(np.argsort(-exact)[:count]) & set(np.argsort(-cheap)[:count])) / count
+
+
+def _methods(model, ids, reasoning, answer, config, seed: int = 0) -> dict:
+    """name -> function returning (R,) scores: the registry's methods as the attribute stage runs them."""
+    from oarctl.attribution import oar_p_cheap
+
+    item, pad = (ids, reasoning, answer), model.config.pad_token_id
+
+    def oar_g(checkpointing):
+        return lambda: oar.oar_g_batch(model, [item], config.oar_g_mode, config.noise_std, [seed], 1,
+                                       config.max_batch_tokens, checkpointing)[0].numpy()
+
+    def span(spread_by):
+        return lambda: oar_p_cheap.span_scores(model, item, torch.from_numpy(oar_g(True)()) if spread_by == "oar_g" else None,
+                                               replace(config, span_spread=spread_by), pad).numpy()
+
+    return {"oar_g": oar_g(False), "oar_g checkpointed": oar_g(True),
+            "oar_p_span even": span("even"), "oar_p_span oar_g": span("oar_g"),
+            "oar_p_screened": lambda: oar_p_cheap.screened_scores(model, item, torch.from_numpy(oar_g(True)()),
+                                                                  config, pad, seed + 1)[0].numpy()}
+
+
+def _exact(model, ids, reasoning, answer, config, sampled: int | None):
+    """Exact OAR-P: (scores or None, seconds, peak MiB); with `sampled`, only that many evenly spaced
+    chunks are timed and the time is scaled by chunks (each costs about its suffix length)."""
+    if sampled is None:
+        return measured(lambda: oar.oar_p(model, ids, reasoning, answer, config.oar_p_mode, None, config.chunk_size,
+                                          config.max_batch_tokens).numpy())
+    starts = np.linspace(reasoning[0], reasoning[1] - config.chunk_size, sampled).round().astype(int)
+    spans = [(int(t) + i, int(t) + i + 1) for t in starts for i in range(config.chunk_size)]
+    _, seconds, peak = measured(lambda: oar.perturbation_scores(model, ids, reasoning, answer, spans, config.oar_p_mode,
+                                                                None, config.chunk_size, config.max_batch_tokens).numpy())
+    return None, seconds * (reasoning[1] - reasoning[0]) / len(spans), peak
+
+
+def method_table(args) -> None:
+    from oarctl.config import AttributeConfig
+
+    model = scaled_qwen2(args.scale_hidden, args.scale_layers)
+    config = AttributeConfig(chunk_size=args.chunk, max_batch_tokens=args.budget)
+    parameters = sum(p.numel() for p in model.parameters()) / 1e6
+    print(f"\nEvery method, random-init Qwen2 of Qwen2.5-7B's proportions: hidden {args.scale_hidden}, "
+          f"{args.scale_layers} layers, {model.config.num_attention_heads} heads / {model.config.num_key_value_heads} kv, "
+          f"intermediate {model.config.intermediate_size}, vocabulary {QWEN25_VOCAB} ({parameters:.0f}M parameters); "
+          f"prompt {args.prompt}, OAR-P chunk {args.chunk}, max_batch_tokens {args.budget}, span {config.span_tokens} "
+          f"tokens, screen {config.screen_fraction} + audit {config.audit_fraction}, at most {config.max_perturbations} "
+          f"perturbations; measured, one response per row")
+    print(f"{'R':>5} {'method':<20} {'seconds':>8} {'/ exact':>8} {'peak MiB':>9} {'top-20% recall':>15} {'Spearman':>9}")
+    for length in args.scale_lengths:
+        ids, reasoning, answer = sequence(model, args.prompt, length, seed=length)
+        sampled = args.exact_chunks if length > args.exact_up_to else None
+        exact, exact_seconds, peak = _exact(model, ids, reasoning, answer, config, sampled)
+        note = f" (timed on {sampled} chunks, scaled)" if sampled else ""
+        print(f"{length:>5} {'oar_p (exact)':<20} {exact_seconds:>8.2f} {1:>8.2f} {_mib(peak):>9} {'':>15} {'':>9}{note}")
+        for name, function in _methods(model, ids, reasoning, answer, config).items():
+            scores, seconds, peak = measured(function)
+            quality = (f"{top_recall(exact, scores):>15.2f} {spearman(exact, scores):>9.2f}" if exact is not None
+                       else f"{'n/a':>15} {'n/a':>9}")
+            print(f"{length:>5} {name:<20} {seconds:>8.2f} {seconds / exact_seconds:>8.3f} {_mib(peak):>9} {quality}",
+                  flush=True)
+
+
+def precision_table(args) -> None:
+    """bf16 against fp32 scores of the same model (Spearman), for OAR-G and exact OAR-P."""
+    from oarctl.config import AttributeConfig
+
+    config = AttributeConfig(chunk_size=args.chunk)
+    fp32 = scaled_qwen2(args.scale_hidden, args.scale_layers)
+    bf16 = scaled_qwen2(args.scale_hidden, args.scale_layers, torch.bfloat16)
+    length = args.scale_lengths[0]
+    ids, reasoning, answer = sequence(fp32, args.prompt, length, seed=length)
+    print(f"\nbfloat16 against float32, same weights, R = {length} (outcome math in float64 in both); measured")
+    print(f"{'method':<12} {'Spearman':>9} {'top-20% recall':>15}")
+    for name, run in (("oar_g", lambda m: oar.oar_g(m, ids, reasoning, answer, config.oar_g_mode, config.noise_std)),
+                      ("oar_g s=0.1", lambda m: oar.oar_g(m, ids, reasoning, answer, config.oar_g_mode, 0.1)),
+                      ("oar_p", lambda m: oar.oar_p(m, ids, reasoning, answer, config.oar_p_mode, None, config.chunk_size))):
+        reference, low = run(fp32).numpy(), run(bf16).numpy()
+        print(f"{name:<12} {spearman(reference, low):>9.2f} {top_recall(reference, low):>15.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small lengths, model and batch: a smoke run")
@@ -182,15 +296,30 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=128, help="prompts of the stage batch (x group size 8)")
     parser.add_argument("--methods", nargs="+", default=["uniform", "entropy", "oar_g", "oar_p"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--parts", nargs="+", default=["naive", "stages", "methods", "precision"])
+    parser.add_argument("--scale-lengths", type=int, nargs="+", default=[256, 1024, 3072], help="part 3: lengths R")
+    parser.add_argument("--scale-hidden", type=int, default=256, help="part 3: hidden size of the scaled Qwen2")
+    parser.add_argument("--scale-layers", type=int, default=4, help="part 3: layers of the scaled Qwen2")
+    parser.add_argument("--budget", type=int, default=16384, help="part 3: attribute.max_batch_tokens")
+    parser.add_argument("--exact-up-to", type=int, default=1024, help="part 3: longer R time exact OAR-P on samples")
+    parser.add_argument("--exact-chunks", type=int, default=8, help="part 3: chunks timed there")
     args = parser.parse_args()
     if args.quick:
         args.lengths, args.prompt, args.naive_positions, args.prompts = [8, 24], 8, 8, 4
         args.hidden, args.layers = 64, 1
+        args.scale_lengths, args.scale_hidden, args.scale_layers, args.exact_up_to = [24, 48], 64, 1, 24
+        args.exact_chunks = 2
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), float32 on CPU")
-    compare_oar_p("embedded toy policy", toy_model(), args)
-    compare_oar_p("random-init Qwen2", random_qwen2(args.hidden, args.layers), args)
-    stage_costs(args)
+    if "naive" in args.parts:
+        compare_oar_p("embedded toy policy", toy_model(), args)
+        compare_oar_p("random-init Qwen2", random_qwen2(args.hidden, args.layers), args)
+    if "stages" in args.parts:
+        stage_costs(args)
+    if "methods" in args.parts:
+        method_table(args)
+    if "precision" in args.parts:
+        precision_table(args)
 
 
 if __name__ == "__main__":

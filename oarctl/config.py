@@ -93,9 +93,9 @@ class AttributeConfig:
                                                  "keeping its activations (same scores, ~1 forward more)")
     dtype: str = option("float32", "dtype the attribute stage loads the policy in: float32, bfloat16 (the outcome "
                                    "math runs in float64 either way)")
-    span_tokens: int = option(16, "oar_p_span: tokens per perturbed window (grown so no response has more than "
+    span_tokens: int = option(8, "oar_p_span: tokens per perturbed window (grown so no response has more than "
                                   "max_perturbations windows)")
-    span_spread: str = option("oar_g", "oar_p_span: how a window's score is spread over its tokens: even, or by "
+    span_spread: str = option("even", "oar_p_span: how a window's score is spread over its tokens: even, or by "
                                        "OAR-G saliency")
     screen_fraction: float = option(0.1, "oar_p_screened: share of reasoning tokens, top by OAR-G, that get exact "
                                          "OAR-P")

@@ -56,4 +56,6 @@ def test_real_size_settings(path):
     assert config.vllm.data_parallel_size == 8 and config.policy.backend == "vllm"
     assert (CONFIGS.parent / config.update.accelerate_config) == ACCELERATE / "fsdp.yaml"  # run launches FSDP
     method = path.stem.replace("-", "_").replace("grpo", "uniform")
-    assert config.attribute.method == method
+    # oar-p.yaml runs a variant of OAR-P that finishes within a step (exact oar_p is a comment away)
+    variants = {"oar_p": ("oar_p", "oar_p_span", "oar_p_screened")}.get(method, (method,))
+    assert config.attribute.method in variants
