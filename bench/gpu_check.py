@@ -1,8 +1,18 @@
 """One full RL step at Qwen2.5-1.5B's shape on a GPU, no download: time, tokens/s, peak memory per stage.
 
-    python bench/gpu_check.py                 # CUDA + vLLM: sample (vllm), verify, attribute oar_g and
-                                              # oar_p, reshape, update on a random-init 1.5B-shaped Qwen2
+    python bench/gpu_check.py                 # CUDA: sample (vLLM if installed, else transformers),
+                                              # verify, attribute, reshape, update on a random-init
+                                              # 1.5B-shaped Qwen2, then long-response attribution
     python bench/gpu_check.py --tiny          # the same pipeline on CPU at toy size, transformers backend
+    python bench/gpu_check.py --parts long    # only the long-response attribution (and its update)
+
+Part `long` (issue 14): synthetic rollouts of `--long-tokens` (2,048) toy tokens each, two groups of
+`--group` with mixed rewards, go through the real stages: the attribute stage in bfloat16 with
+oar_g (gradient checkpointing on), oar_p_span, oar_p_screened, and exact oar_p on `--exact-rows`
+responses only, then reshape and the update (fp32 weights, AdamW) within `update.micro_batch_tokens`.
+Each prints its seconds, seconds per response and peak GPU memory, so attribution is read next to
+the update that follows it. The synthetic log-probs are not the policy's (the update's ratios are
+off); what is measured is cost, not learning.
 
 After the step's update in this process, the same update runs again under `accelerate launch` with
 configs/accelerate/fsdp.yaml over every visible GPU (--tiny: cpu-fsdp-2proc.yaml, two CPU ranks),
@@ -40,9 +50,17 @@ def _arguments():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="toy size on CPU with the transformers backend")
     parser.add_argument("--workdir", default="runs/gpu_check", help="model, artifacts and the new policy go here")
-    parser.add_argument("--prompts", type=int, default=32, help="sample.prompts_per_step")
+    parser.add_argument("--prompts", type=int, default=16, help="sample.prompts_per_step")
     parser.add_argument("--group", type=int, default=8, help="sample.group_size")
     parser.add_argument("--tokens", type=int, default=256, help="sample.max_new_tokens")
+    parser.add_argument("--parts", nargs="+", default=["step", "long"], choices=["step", "long"],
+                        help="step: one sampled RL step; long: long-response attribution and update")
+    parser.add_argument("--backend", default="auto", choices=["auto", "vllm", "transformers"],
+                        help="sampling backend (auto: vLLM when installed)")
+    parser.add_argument("--long-tokens", type=int, default=2048, help="part long: response tokens")
+    parser.add_argument("--exact-rows", type=int, default=2, help="part long: responses exact oar_p scores")
+    parser.add_argument("--budget", type=int, default=65_536, help="part long: attribute.max_batch_tokens")
+    parser.add_argument("--chunk", type=int, default=64, help="part long: attribute.chunk_size (OAR-P)")
     return parser.parse_args()
 
 
@@ -58,7 +76,8 @@ def _build_policy(folder: Path, shape: dict) -> Path:
     config = Qwen2Config(**shape, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.pad_token_id, dtype="float32")
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init of 1.5B is slow on CPU
+        model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(folder, safe_serialization=True)
@@ -66,13 +85,22 @@ def _build_policy(folder: Path, shape: dict) -> Path:
     return folder
 
 
+def _backend(args) -> str:
+    from oarctl.policy.backends import vllm_installed
+
+    if args.tiny:
+        return "transformers"
+    return ("vllm" if vllm_installed() else "transformers") if args.backend == "auto" else args.backend
+
+
 def _overrides(args, policy: Path) -> list[str]:
-    device, backend = ("cpu", "transformers") if args.tiny else ("cuda", "vllm")
+    device, backend = ("cpu" if args.tiny else "cuda"), _backend(args)
     return [f"policy.path={policy}", f"policy.device={device}", f"policy.backend={backend}", "run.progress=false",
             f"sample.prompts_per_step={args.prompts}", f"sample.group_size={args.group}",
             f"sample.max_new_tokens={args.tokens}", f"update.sum_norm_length={args.tokens}",
             "update.mini_batch_size=64", "update.micro_batch_size=8", "attribute.batch_size=8",
-            "verify.method=boxed", "vllm.dtype=bfloat16", f"vllm.max_model_len={args.tokens + 128}"]
+            "verify.method=boxed", "vllm.dtype=bfloat16", f"vllm.max_model_len={args.tokens + 128}",
+            f"attribute.dtype={'float32' if args.tiny else 'bfloat16'}", f"attribute.chunk_size={args.chunk}"]
 
 
 def _peak_reset() -> None:
@@ -94,7 +122,7 @@ def _run(name, config, inputs, output, policy, rows):
     _peak_reset()
     started = time.perf_counter()
     manifest, _ = run_stage(name, config, inputs, output, policy_path=policy, force=True, log=lambda *a: None)
-    rows.append((name if "attribute" not in str(output) else output.stem, time.perf_counter() - started,
+    rows.append((output.stem if name == "attribute" else name, time.perf_counter() - started,
                  _peak_gib(), manifest["metrics"]))
     return output
 
@@ -110,7 +138,7 @@ def _step(args, work: Path, policy: Path) -> list:
     rows: list = []
     rollouts = _run("sample", config, {"prompts": prompts}, work / "rollouts.parquet", policy, rows)
     verified = _run("verify", config, {"rollouts": rollouts}, work / "verified.parquet", None, rows)
-    for method in ("oar_g", "oar_p"):
+    for method in ("oar_g", "oar_p_span"):  # exact oar_p: part long, on a few responses
         config.attribute.method = method
         attributions = _run("attribute", config, {"verified": verified}, work / f"attribute_{method}.parquet",
                             policy, rows)
@@ -118,6 +146,95 @@ def _step(args, work: Path, policy: Path) -> list:
     _run("update", config, {"advantages": advantages}, work / "policy_next", policy, rows)
     _launched_fsdp_update(args, config, advantages, work, policy, rows)
     return rows
+
+
+def _long_rollouts(args, path: Path, tokenizer) -> Path:
+    """Two groups of `--group` responses of `--long-tokens` toy tokens each (reasoning of random sums,
+    then `\\boxed{N}`), half of each group correct, so every group has mixed rewards."""
+    import random
+
+    from oarctl.artifacts import make_table, write_parquet
+
+    generator, columns = random.Random(0), {name: [] for name in (
+        "prompt_id", "problem", "answer", "sample_index", "prompt_token_ids", "response_token_ids",
+        "response_logprobs", "response_text", "finish_reason", "temperature")}
+    for row in range(2 * args.group):
+        problem = f"Compute {row // args.group + 2}+3."
+        reasoning = ""
+        while len(reasoning) < args.long_tokens - 16:
+            a, b = generator.randrange(100), generator.randrange(100)
+            reasoning += f"{a}+{b}={a + b}. "
+        text = reasoning[:args.long_tokens - 16] + f" \\boxed{{{5 + row // args.group + row % 2}}}"
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        for name, value in (("prompt_id", f"p{row // args.group}"), ("problem", problem),
+                            ("answer", str(5 + row // args.group)), ("sample_index", row % args.group),
+                            ("prompt_token_ids", tokenizer.encode(problem, add_special_tokens=False)),
+                            ("response_token_ids", ids), ("response_logprobs", [-1.0] * len(ids)),
+                            ("response_text", text), ("finish_reason", "stop"), ("temperature", 1.0)):
+            columns[name].append(value)
+    write_parquet(make_table(columns, "rollouts"), path)
+    return path
+
+
+LONG_METHODS = {  # method: extra overrides
+    "oar_g": ["attribute.gradient_checkpointing=true"],
+    "oar_p_span": [],
+    "oar_p_screened": [],
+}
+
+
+def _long(args, work: Path, policy: Path) -> list:
+    """Part long: bf16 attribution of long responses by every method, then reshape and the update."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from oarctl.artifacts import write_parquet
+    from oarctl.config import load_config
+
+    overrides = _overrides(args, policy) + [
+        "attribute.dtype=bfloat16", f"attribute.max_batch_tokens={args.budget}", f"attribute.chunk_size={args.chunk}",
+        "attribute.batch_size=64", f"update.micro_batch_tokens={4 * (args.long_tokens + 32)}",
+        f"update.sum_norm_length={args.long_tokens}", "update.micro_batch_size=64", "update.gradient_checkpointing=true"]
+    rows: list = []
+    rollouts = _long_rollouts(args, work / "long_rollouts.parquet", AutoTokenizer.from_pretrained(policy))
+    config = load_config(None, overrides)
+    verified = _run("verify", config, {"rollouts": rollouts}, work / "long_verified.parquet", None, rows)
+    responses = pq.read_table(verified).num_rows
+    for method, extra in LONG_METHODS.items():
+        config = load_config(None, overrides + [f"attribute.method={method}", *extra])
+        attributions = _run("attribute", config, {"verified": verified}, work / f"long_attribute_{method}.parquet",
+                            policy, rows)
+        rows[-1][3]["responses"] = responses
+    few = work / "long_verified_few.parquet"
+    write_parquet(pq.read_table(verified).take(list(range(args.exact_rows))), few)
+    config = load_config(None, overrides + ["attribute.method=oar_p"])
+    exact = _run("attribute", config, {"verified": few}, work / "long_attribute_oar_p.parquet", policy, rows)
+    rows[-1][3]["responses"] = args.exact_rows
+    _agreement(exact, [work / f"long_attribute_{method}.parquet" for method in LONG_METHODS], rows)
+    advantages = _run("reshape", config, {"attributions": attributions}, work / "long_advantages.parquet", None, rows)
+    _run("update", config, {"advantages": advantages}, work / "long_policy_next", policy, rows)
+    rows[-1][3]["responses"] = responses
+    return [(name if name.startswith("long") else f"long_{name}", *rest) for name, *rest in rows]
+
+
+def _agreement(exact: Path, cheap: list[Path], rows: list) -> None:
+    """Each cheap method against exact OAR-P on the rows exact scored: recall of its top 20%, Spearman."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from bench.attribution import spearman, top_recall
+
+    def reasoning_scores(path: Path, count: int) -> list:
+        scores = pq.read_table(path).column("token_scores").to_pylist()[:count]
+        return [np.array([v for v in row if v == v]) for row in scores]  # NaN outside the reasoning
+
+    truth = reasoning_scores(exact, pq.read_table(exact).num_rows)
+    for path in cheap:
+        got = reasoning_scores(path, len(truth))
+        recall = float(np.mean([top_recall(e, g) for e, g in zip(truth, got)]))
+        rho = float(np.mean([spearman(e, g) for e, g in zip(truth, got)]))
+        rows.append((f"{path.stem} vs oar_p", float("nan"), float("nan"),
+                     {"agreement": f"top-20% recall {recall:.2f}, Spearman {rho:.2f} on {len(truth)} responses"}))
 
 
 def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Path, rows) -> None:
@@ -145,18 +262,40 @@ def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Pa
     rows.append((f"update_fsdp_x{ranks}", seconds, float("nan"), {"weight_difference": difference}))
 
 
-def _report(rows, args) -> None:
-    print(f"{'stage':<18} {'seconds':>8} {'peak GiB':>9}  notes")
+def _note(name: str, seconds: float, metrics: dict) -> str:
+    if name == "sample":
+        tokens = metrics["responses"] * metrics["response_length_mean"]
+        return f"{tokens:.0f} tokens, {tokens / seconds:.0f} tokens/s"
+    if name.startswith("update_fsdp"):
+        return f"accelerate launch; weights differ from the in-process update by {metrics['weight_difference']:.2e}"
+    if "agreement" in metrics:
+        return metrics["agreement"]
+    if "responses" in metrics:
+        return f"{metrics['responses']} responses, {seconds / metrics['responses']:.2f} s each"
+    return ""
+
+
+def _print_rows(rows) -> None:
     for name, seconds, peak, metrics in rows:
-        note = ""
-        if name == "sample":
-            tokens = metrics["responses"] * metrics["response_length_mean"]
-            note = f"{tokens:.0f} tokens, {tokens / seconds:.0f} tokens/s"
-        elif name.startswith("update_fsdp"):
-            note = f"accelerate launch; weights differ from the in-process update by {metrics['weight_difference']:.2e}"
-        print(f"{name:<18} {seconds:>8.1f} {peak:>9.2f}  {note}")
-    print(f"total {sum(r[1] for r in rows):.1f} s; "
-          f"{args.prompts} prompts x {args.group} samples x <= {args.tokens} tokens")
+        print(f"{name:<40} {seconds:>8.1f} {peak:>9.2f}  {_note(name, seconds, metrics)}", flush=True)
+
+
+def _run_parts(args, work: Path, policy: Path) -> tuple[float, list[str]]:
+    """Each part's rows as soon as it ends; a part that fails is reported and the next one still runs."""
+    import traceback
+
+    total, failed = 0.0, []
+    print(f"{'stage':<40} {'seconds':>8} {'peak GiB':>9}  notes", flush=True)
+    for part in args.parts:  # in the order given
+        try:
+            rows = (_step if part == "step" else _long)(args, work, policy)
+        except Exception:  # noqa: BLE001 - a GPU check reports every failure and goes on
+            traceback.print_exc()
+            failed.append(part)
+            continue
+        _print_rows(rows)
+        total += sum(seconds for _, seconds, _, _ in rows if seconds == seconds)
+    return total, failed
 
 
 def main() -> None:
@@ -165,19 +304,24 @@ def main() -> None:
         import torch
 
         if not torch.cuda.is_available():
-            sys.exit("error: bench/gpu_check.py needs a CUDA GPU and vllm (pip install -e '.[vllm]'); "
-                     "use --tiny for the CPU version")
-        from oarctl.policy.backends import vllm_installed
+            sys.exit("error: bench/gpu_check.py needs a CUDA GPU; use --tiny for the CPU version")
+        if args.backend == "vllm":
+            from oarctl.policy.backends import vllm_installed
 
-        if not vllm_installed():
-            sys.exit("error: bench/gpu_check.py needs vllm (pip install -e '.[vllm]')")
+            if not vllm_installed():
+                sys.exit("error: bench/gpu_check.py --backend vllm needs vllm (pip install -e '.[vllm]')")
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     name, shape = ("tiny_policy", TINY) if args.tiny else ("qwen25_15b_random", QWEN25_15B)
     policy = _build_policy(work / name, shape)
-    print(f"policy {policy} ready in {time.perf_counter() - started:.1f} s")
-    _report(_step(args, work, policy), args)
+    print(f"policy {policy} ready in {time.perf_counter() - started:.1f} s; sampling backend: {_backend(args)}",
+          flush=True)
+    total, failed = _run_parts(args, work, policy)
+    print(f"total {total:.1f} s; step: {args.prompts} prompts x {args.group} samples x <= {args.tokens} tokens; "
+          f"long: {2 * args.group} responses x {args.long_tokens} tokens", flush=True)
+    if failed:
+        sys.exit(f"error: part(s) failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
