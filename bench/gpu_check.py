@@ -255,7 +255,9 @@ def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Pa
     command = update_command(str(file), advantages, work / "policy_fsdp", policy, 0, work / "config.yaml", True)
     command[command.index("--config_file") + 2:command.index("--config_file") + 2] = ["--num_processes", str(ranks)]
     started = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True)
+    launched = subprocess.run(command, capture_output=True, text=True)
+    if launched.returncode:
+        raise RuntimeError(f"the launched FSDP update failed ({launched.returncode}):\n{launched.stderr[-3000:]}")
     seconds = time.perf_counter() - started
     one, other = load_file(work / "policy_next" / "model.safetensors"), load_file(work / "policy_fsdp" / "model.safetensors")
     difference = max(float((one[k].float() - other[k].float()).abs().max()) for k in one)
