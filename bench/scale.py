@@ -37,7 +37,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -959,6 +959,58 @@ def calibrate() -> list[str]:
     return lines
 
 
+# ---- against a GPU measurement --------------------------------------------------------------------
+
+# bench/gpu_check.py's part long: its rows' methods and the knobs it ran them with (its defaults)
+GPU_CHECK_LONG = {"long_attribute_oar_g": ("oar_g", ["attribute.gradient_checkpointing=true"]),
+                  "long_attribute_oar_p_span": ("oar_p_span", []),
+                  "long_attribute_oar_p_screened": ("oar_p_screened", []),
+                  "long_attribute_oar_p": ("oar_p", [])}
+GPU_CHECK_KNOBS = ["attribute.dtype=bfloat16", "attribute.max_batch_tokens=65536", "attribute.chunk_size=64",
+                   "attribute.batch_size=64"]
+
+
+def one_gpu_attribute(shape: Shape, hw: Hardware, method: str, rows: int, group: int, prompt: int, response: int,
+                      overrides: list[str]) -> Cost:
+    """The attribute stage's predicted cost on one GPU for `rows` responses of one length."""
+    config = Config()
+    for override in overrides:
+        name, _, raw = override.partition("=")
+        section, _, key = name.partition(".")
+        _set(config, section, key, yaml.safe_load(raw), override)
+    lengths = Lengths(np.full(rows, response, dtype=np.int64), prompt, min(group, rows), response, response,
+                      response ** 2, 1.0, 0.0)
+    return attribute_stage(Setting("gpu_check", shape, config, lengths, 1.0), hw, method)
+
+
+def measured_rows(log: Path) -> dict[str, tuple[float, float, int]]:
+    """{row: (seconds, peak GiB, responses)} of a bench/gpu_check.py output's long attribute rows."""
+    rows = {}
+    for line in log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 5 and parts[0] in GPU_CHECK_LONG and parts[3].isdigit():
+            rows[parts[0]] = (float(parts[1]), float(parts[2]), int(parts[3]))
+    return rows
+
+
+def against_measured(log: Path, hw: Hardware, prompt: int, response: int) -> list[str]:
+    """Predicted (these formulas, 1 GPU) beside measured (the log) for gpu_check's long attribute rows at
+    the 1.5B shape; the efficiency each row really reached is predicted_at_1.0 / measured."""
+    one = replace(hw, gpus=1)
+    perfect = replace(one, efficiency=1.0)
+    lines = [f"{'row':<32} {'responses':>9} {'measured s':>10} {'predicted s':>11} {'ratio':>6} "
+             f"{'reached':>8} {'measured GiB':>12} {'predicted GB':>12}"]
+    for name, (seconds, peak, rows) in measured_rows(log).items():
+        method, extra = GPU_CHECK_LONG[name]
+        knobs = GPU_CHECK_KNOBS + extra
+        predicted = one_gpu_attribute(SHAPES["1.5b"], one, method, rows, 8, prompt, response, knobs)
+        best = one_gpu_attribute(SHAPES["1.5b"], perfect, method, rows, 8, prompt, response, knobs)
+        lines.append(f"{name:<32} {rows:>9} {seconds:>10.1f} {predicted.seconds:>11.1f} "
+                     f"{seconds / predicted.seconds:>6.2f} {best.seconds / seconds:>8.2f} {peak:>12.2f} "
+                     f"{predicted.held_bytes / GB:>12.2f}")
+    return lines
+
+
 # ---- main ----------------------------------------------------------------------------------------
 
 def parse(argv=None):
@@ -984,6 +1036,11 @@ def parse(argv=None):
     parser.add_argument("--mixed-fraction", type=float, default=0.5,
                         help="assumed share of groups with mixed rewards (what skip_uniform_groups scores)")
     parser.add_argument("--quick", action="store_true", help="never calibrate (no torch import), even with --calibrate")
+    parser.add_argument("--measured", type=Path, metavar="LOG",
+                        help="a bench/gpu_check.py output: its long attribute rows beside this arithmetic's "
+                             "prediction for one GPU (use --tflops/--hbm-tbps of that GPU)")
+    parser.add_argument("--measured-lengths", type=int, nargs=2, default=[12, 2036], metavar=("PROMPT", "RESPONSE"),
+                        help="prompt and response tokens of gpu_check's long rows")
     parser.add_argument("--calibrate", action="store_true",
                         help="also run the CPU calibration (~30-60 s): measured vs predicted FLOPs and kept bytes")
     return parser.parse_args(argv)
@@ -994,6 +1051,13 @@ def main(argv=None) -> int:
     _FRAGMENTATION["value"] = args.fragmentation
     hw = Hardware(args.gpus, args.tflops, args.fp32_tflops, args.memory_gb, args.hbm_tbps, args.nvlink_gbps,
                   args.efficiency, args.overhead_gb)
+    if args.measured:
+        print(f"bench/scale.py against {args.measured} (measured there; predicted here for 1 GPU of "
+              f"{args.tflops:.0f} bf16 TFLOPS, {args.hbm_tbps} TB/s at efficiency {args.efficiency}; 'reached': "
+              f"the efficiency the measurement implies)")
+        for line in against_measured(args.measured, hw, *args.measured_lengths):
+            print(f"  {line}")
+        return 0
     paths = args.config or sorted(ROOT.glob("configs/qwen2.5-*/*.yaml"))
     shape = SHAPES[args.shape] if args.shape else None
     settings = [load_setting(p.resolve(), shape, args, args.mixed_fraction, args.overrides) for p in paths]
