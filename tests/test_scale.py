@@ -141,3 +141,24 @@ def test_quick_run_on_the_shipped_configs_prints_every_stage_and_passes():
     verdicts = re.findall(r"^  (PASS|FAIL) \((a|b|c)\)", out, re.MULTILINE)
     assert {criterion for _, criterion in verdicts} == {"a", "b", "c"}
     assert [line for line in out.splitlines() if line.startswith("  FAIL")] == []
+
+
+def test_a_gpu_check_log_is_read_and_set_beside_the_prediction(tmp_path):
+    log = tmp_path / "gpu_check.txt"
+    log.write_text("stage  seconds  peak GiB  notes\n"
+                   "long_verify                 5.5      0.00  \n"
+                   "long_attribute_oar_g       16.9      6.65  16 responses, 1.06 s each\n"
+                   "long_attribute_oar_p       47.7      8.72  2 responses, 23.83 s each\n"
+                   "long_attribute_oar_g vs oar_p  nan  nan  top-20% recall 0.58, Spearman 0.39 on 2 responses\n")
+    assert scale.measured_rows(log) == {"long_attribute_oar_g": (16.9, 6.65, 16),
+                                        "long_attribute_oar_p": (47.7, 8.72, 2)}
+    header, oar_g, oar_p = scale.against_measured(log, HW, 12, 2036)
+    assert header.split()[0] == "row"
+    # exact OAR-P on 2 responses: ~R^2/2 token-forwards each, so the prediction is FLOP-bound and the
+    # efficiency the measurement implies is (prediction at efficiency 1) / measured
+    fields = oar_p.split()
+    measured, predicted, ratio, reached = map(float, fields[2:6])
+    assert measured == 47.7 and ratio == pytest.approx(measured / predicted, abs=0.01)
+    assert reached == pytest.approx(HW.efficiency * predicted / measured, abs=0.01)
+    flops = 2 * scale.forward_flops(scale.SHAPES["1.5b"], 2036 ** 2 / 2, 0, 1)  # lower bound: matmuls only
+    assert predicted >= flops / (HW.tflops * 1e12 * HW.efficiency) * 0.9
