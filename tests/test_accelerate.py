@@ -23,7 +23,9 @@ from oarctl.config import load_config
 from oarctl.stages import update
 
 ROOT = Path(__file__).resolve().parents[1]
-UPDATE = {"mini_batch_size": 8, "micro_batch_size": 3, "learning_rate": 1e-3}
+# logit_chunk_tokens 16: several vocabulary chunks per micro-batch, recomputed in the backward, so the
+# DDP and FSDP runs below also check that the stand-in output layer works inside those wrappers
+UPDATE = {"mini_batch_size": 8, "micro_batch_size": 3, "learning_rate": 1e-3, "logit_chunk_tokens": 16}
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from oarctl.config import load_config
 from oarctl.data import toy_prompts
 from oarctl.pipeline import STAGES, STEP_OUTPUTS, STEP_STAGES, _stage_context, run_stage
 from oarctl.stages import attribute, reshape, verify
-from oarctl.stages.update import _pad, _token_logprobs, response_logits
+from oarctl.policy.logprobs import response_token_stats
 
 ACCURACY = re.compile(r"^held-out accuracy: base (\d+\.\d)% -> trained (\d+\.\d)% \(greedy; sampled avg@\d+ "
                       r"\d+\.\d% -> \d+\.\d%\)$", re.M)
@@ -380,9 +380,8 @@ def test_update_logprobs_equal_sampling_logprobs(tmp_path, tiny_policy, random_p
     model, tokenizer = load_policy(policy)
     responses = [r["response_token_ids"] for r in rows]
     with torch.no_grad():
-        logits = response_logits(model, [r["prompt_token_ids"] for r in rows], responses, tokenizer.pad_token_id)
-        logprobs = _token_logprobs(logits, _pad(responses, tokenizer.pad_token_id, torch.long),
-                                   torch.tensor([r["temperature"] for r in rows]))
+        logprobs, _ = response_token_stats(model, [r["prompt_token_ids"] for r in rows], responses,
+                                           tokenizer.pad_token_id, [r["temperature"] for r in rows], chunk_tokens=7)
     for index, row in enumerate(rows):
         stored = torch.tensor(row["response_logprobs"])
         torch.testing.assert_close(logprobs[index, :len(stored)], stored, atol=1e-4, rtol=0)

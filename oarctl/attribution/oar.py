@@ -42,6 +42,7 @@ from oarctl.attribution.prefix import checkpointed_layers, frozen_prefix
 from oarctl.batching import fixed_size, token_budget
 from oarctl.attribution.segments import Segments, attributed_sequence, segment, sequence_spans
 from oarctl.config import AttributeConfig
+from oarctl.policy.logprobs import response_token_stats
 
 # Defaults of the Python API: the config's, except the chunk size, which the config tunes for a
 # CPU (4-16 is fastest there) while a GPU wants large chunks.
@@ -306,12 +307,13 @@ def token_entropy_batch(model, items: list[tuple[torch.Tensor, Span]], temperatu
         raise ValueError("entropy needs a token before the reasoning (the prompt) to predict it")
     scores: list[torch.Tensor | None] = [None] * len(items)
     for batch in batches_within(list(range(len(items))), [span[1] for _, span in items], batch_size, max_batch_tokens):
-        chunk = [items[i] for i in batch]
-        ids, mask = _right_pad([i[:span[1]].cpu() for i, span in chunk], model.config.pad_token_id or 0, model.device)
-        positions = [torch.arange(s - 1, e - 1) for _, (s, e) in chunk]
-        for index, logits in zip(batch, _kept_logits(model, positions, input_ids=ids, attention_mask=mask)):
-            log_p = torch.log_softmax(logits[0].float() / temperatures[index], dim=-1)  # (R, V)
-            scores[index] = -(log_p.exp() * log_p).sum(dim=-1).cpu()
+        prompts = [items[i][0][:items[i][1][0]].tolist() for i in batch]
+        responses = [items[i][0][items[i][1][0]:items[i][1][1]].tolist() for i in batch]
+        with torch.no_grad():  # the update's helper: the vocabulary projected max_batch_tokens positions at a time
+            _, entropy = response_token_stats(model, prompts, responses, model.config.pad_token_id or 0,
+                                              [temperatures[i] for i in batch], max_batch_tokens)
+        for row, index in enumerate(batch):
+            scores[index] = entropy[row, :len(responses[row])].cpu()
     return scores
 
 

@@ -204,16 +204,15 @@ def generate_with(llm, prompt_token_ids: list[list[int]], *, temperature: float,
 
 def teacher_forced_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
                             temperature: float = 1.0) -> list[list[float]]:
-    """log_softmax(logits / temperature) of given response tokens: what the update stage recomputes."""
+    """log_softmax(logits / temperature) of given response tokens: what the update stage recomputes
+    (the same helper, oarctl.policy.logprobs.response_token_stats)."""
     import torch
 
-    from oarctl.policy.logprobs import response_logits
+    from oarctl.policy.logprobs import response_token_stats
 
     with torch.no_grad():
-        logits = response_logits(model, prompts, responses, pad_id).float() / temperature  # (B, R, V)
-        logprobs = torch.log_softmax(logits, dim=-1)
-    return [[float(logprobs[row, position, token]) for position, token in enumerate(response)]
-            for row, response in enumerate(responses)]
+        logprobs, _ = response_token_stats(model, prompts, responses, pad_id, temperature)
+    return [logprobs[row, :len(response)].tolist() for row, response in enumerate(responses)]
 
 
 def served_dtype(path: Path, settings: dict) -> str:

@@ -41,26 +41,23 @@ from oarctl.artifacts import make_table
 from oarctl.batching import loss_share, pad_plan, plan_step
 from oarctl.checkpoints import OPTIMIZER_TENSORS, load_optimizer, load_policy, read_optimizer_state
 from oarctl.distributed import deepspeed, fsdp, make_accelerator, on_rank_zero, sharded
-from oarctl.losses import entropy_from_logits, policy_loss
-from oarctl.policy.logprobs import model_device, pad_rows, response_logits, token_logprobs
+from oarctl.losses import policy_loss
+from oarctl.policy.logprobs import model_device, pad_rows, response_token_stats
 from oarctl.runner import StageContext, StageOutput
 
-VERSION = "2"  # 2: under token-mean, micro-batch losses and logged metrics are weighted by token share
-_pad, _token_logprobs = pad_rows, token_logprobs  # the names tests/test_pipeline.py imports
+VERSION = "3"  # 2: under token-mean, losses and metrics weighted by token share; 3: entropy at the sampling temperature
 
 
 def _micro_batch_loss(model, reference, batch: dict, config, pad_id: int):
     device = model_device(model)
-    responses = pad_rows(batch["response_token_ids"], pad_id, torch.long).to(device)  # (B, R)
     mask = pad_rows([[1.0] * len(r) for r in batch["response_token_ids"]], 0.0, torch.float32).to(device)
-    temperature = torch.tensor(batch["temperature"], dtype=torch.float32).to(device)
-    logits = response_logits(model, batch["prompt_token_ids"], batch["response_token_ids"], pad_id)
-    logprobs = token_logprobs(logits, responses, temperature)
+    stats = dict(prompts=batch["prompt_token_ids"], responses=batch["response_token_ids"], pad_id=pad_id,
+                 temperature=batch["temperature"], chunk_tokens=config.logit_chunk_tokens)
+    logprobs, entropy = response_token_stats(model, **stats)
     ref_logprobs = None
     if reference is not None:
         with torch.no_grad():
-            ref_logits = response_logits(reference, batch["prompt_token_ids"], batch["response_token_ids"], pad_id)
-            ref_logprobs = token_logprobs(ref_logits, responses, temperature)
+            ref_logprobs, _ = response_token_stats(reference, **stats)
 
     def padded(name, value):
         return pad_rows(batch[name], value, torch.float32).to(device)
@@ -69,8 +66,7 @@ def _micro_batch_loss(model, reference, batch: dict, config, pad_id: int):
         logprobs, padded("response_logprobs", 0.0), padded("token_advantages", 0.0), mask,
         clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.loss_aggregation,
         max_length=config.sum_norm_length, ref_logprobs=ref_logprobs, kl_coef=config.kl_coef)
-    with torch.no_grad():
-        metrics["entropy"] = float((entropy_from_logits(logits) * mask).sum() / mask.sum())
+    metrics["entropy"] = float((entropy * mask).sum() / mask.sum())
     metrics["tokens"] = int(mask.sum())
     return loss, metrics
 
