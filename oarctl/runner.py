@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
-from oarctl.checkpoints import load_policy, load_tokenizer, policy_identity, replace_directory, save_policy, sha256_file
+from oarctl.checkpoints import (HASHING, load_policy, load_tokenizer, policy_identity, replace_directory, save_policy,
+                                sha256_file)
 from oarctl.errors import InputError, OarError
 
 
@@ -160,17 +161,27 @@ def _write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, ou
     return manifest
 
 
-def _write_outputs(stage, result: StageOutput, output: Path) -> str:
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _write_outputs(stage, result: StageOutput, output: Path) -> tuple[str, dict]:
+    """(the output's hash, metrics of the checkpoint's I/O: bytes written and hashed, seconds)."""
     if stage.output_kind != "policy":
         write_parquet(result.table, output)
-        return sha256_file(output)
+        return sha256_file(output), {}
     model, tokenizer, optimizer, names = result.trained
     temporary = temporary_sibling(output)
     shutil.rmtree(temporary, ignore_errors=True)
+    hashed, started = dict(HASHING), time.perf_counter()
     identity = save_policy(model, tokenizer, temporary, optimizer, names,
                            extra_files=[lambda d: write_parquet(result.table, d / "update.parquet")])
+    io = {"checkpoint_bytes_written": _folder_bytes(temporary),
+          "checkpoint_bytes_hashed": HASHING["bytes"] - hashed["bytes"],
+          "checkpoint_hash_seconds": round(HASHING["seconds"] - hashed["seconds"], 3)}
+    io["checkpoint_write_seconds"] = round(time.perf_counter() - started - io["checkpoint_hash_seconds"], 3)
     replace_directory(temporary, output)
-    return identity
+    return identity, io
 
 
 def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path], output: Path,
@@ -190,8 +201,8 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
         result = stage.function(inputs, section_config, context)
     except InputError as error:  # a problem of one row of the input: name the file
         raise OarError(f"{' + '.join(map(str, input_paths.values()))}: {error}") from None
-    output_hash = _write_outputs(stage, result, output) if is_main_process() else None
-    return _write_manifest(output, parts, result.metrics, time.perf_counter() - started, output_hash), True
+    output_hash, io = _write_outputs(stage, result, output) if is_main_process() else (None, {})
+    return _write_manifest(output, parts, {**result.metrics, **io}, time.perf_counter() - started, output_hash), True
 
 
 def require_complete(output: Path) -> dict:

@@ -316,3 +316,38 @@ def test_policy_threads_option_is_applied(settings, tmp_path, monkeypatch):
     finally:
         torch.set_num_threads(threads)
     assert seen == [wanted]
+
+
+def test_a_three_step_run_hashes_each_checkpoint_file_once(cli, tiny_config, tmp_path, monkeypatch):
+    """Written, the file is hashed; loaded later by the same process (attribute, the next update), it is
+    not read again. Counted per file content: (device, inode), which a rename into place keeps."""
+    import os
+    from collections import Counter
+
+    from oarctl import checkpoints
+
+    counts: Counter = Counter()
+    hash_bytes = checkpoints._hash_bytes
+
+    def counted(path):
+        status = os.stat(path)
+        counts[(status.st_dev, status.st_ino)] += 1
+        return hash_bytes(path)
+
+    monkeypatch.setattr(checkpoints, "_hash_bytes", counted)
+    monkeypatch.setattr(checkpoints, "_DIGESTS", {})
+    config = tiny_config(run={"steps": 3, "progress": False, "eval_every": 0, "keep_checkpoints": 3},
+                         attribute={"method": "oar_g"})
+    result = cli("run", "-c", config, "--run-dir", tmp_path / "R")
+    assert result.exit_code == 0, result.output
+    written = [p for p in (tmp_path / "R").glob("step_*/policy/*") if p.name != "checkpoint.json"]
+    assert len({p.parent for p in written}) == 3 and len(written) >= 3 * 4
+    for path in written:
+        status = os.stat(path)
+        assert counts[(status.st_dev, status.st_ino)] == 1, path
+    manifest = json.loads((tmp_path / "R" / "step_0002" / "policy.manifest.json").read_text())["metrics"]
+    folder = tmp_path / "R" / "step_0002" / "policy"
+    sizes = sum(p.stat().st_size for p in folder.iterdir())
+    assert manifest["checkpoint_bytes_written"] == sizes
+    assert manifest["checkpoint_bytes_hashed"] == sizes - (folder / "checkpoint.json").stat().st_size
+    assert manifest["checkpoint_hash_seconds"] >= 0 and manifest["checkpoint_write_seconds"] > 0
