@@ -190,10 +190,16 @@ def forward_hbm_bytes(s: Shape, b: int, tokens: float, attended: float) -> float
 
 
 def update_logits_bytes_per_token(s: Shape) -> int:
-    """Today's update materialises full-vocabulary logits: the (B, T, V) logits, their gathered copy,
-    float32 upcast, / temperature, log_softmax, and the entropy's log_softmax: ~6 float32 (B, T, V)
-    tensors.   6 x 4 x V bytes per token (3.65 MB at V = 152k). A later issue removes it."""
+    """The update's vocabulary projection holds, per projected position, ~6 float32 V-vectors at its
+    peak (the logits, float32 upcast / temperature, log_softmax, the entropy's exp and product, and in
+    the backward their gradients): 6 x 4 x V bytes (3.65 MB at V = 152k). Only
+    min(micro-batch tokens, update.logit_chunk_tokens) positions are projected at once
+    (oarctl.policy.logprobs.response_token_stats; 0: the whole micro-batch)."""
     return 6 * 4 * s.vocab
+
+
+def projected_positions(tokens: float, chunk_tokens: int) -> float:
+    return min(tokens, chunk_tokens) if chunk_tokens > 0 else tokens
 
 
 def fsdp_state_bytes(s: Shape, gpus: int) -> float:
@@ -633,7 +639,7 @@ def update_stage(setting: Setting, hw: Hardware) -> Cost:
                 else:
                     activations = tokens * s.layers * activation_bytes_per_token_layer(s, b)
                 cost.hold(activations=activations * fragmentation(),
-                          logits_full_vocab=tokens * update_logits_bytes_per_token(s))
+                          logits_chunk=projected_positions(tokens, u.logit_chunk_tokens) * update_logits_bytes_per_token(s))
             cost.seconds += slowest
         # AdamW over this rank's shard: read p, g, m, v, write p, m, v (fp32); the gradient reduce-scatter
         cost.add(0.0, 28 * P / (ranks if sharded else 1), hw, "float32", link_bytes=(2 * P * b if ranks > 1 else 0))
@@ -741,8 +747,9 @@ def print_report(report: Report, hw: Hardware, check: bool) -> list[str]:
     print(f"   predicted step: {total:.1f} s; attribute / (rest of the step) = {attribute / rest:.3f}"
           f" (rest = sample + update = {rest:.1f} s)")
     update = stages["update"]
-    print(f"   update's full-vocabulary logits term (predicted): {update.held.get('logits_full_vocab', 0) / GB:.1f} GB/GPU "
-          f"({update_logits_bytes_per_token(setting.shape) / 1e6:.2f} MB per token, removed by a later issue)")
+    print(f"   update's vocabulary-projection term (predicted): {update.held.get('logits_chunk', 0) / GB:.1f} GB/GPU "
+          f"({update_logits_bytes_per_token(setting.shape) / 1e6:.2f} MB per projected position, "
+          f"update.logit_chunk_tokens {setting.config.update.logit_chunk_tokens})")
     print(f"   every method with this file's attribute knobs (predicted; * = the file's method):")
     print(f"     {'method':<16}{'PFLOP':>9}{'held GB/GPU':>13}  fits  {'predicted':>10}  {'x rest of step':>14}")
     for name, cost in report.methods.items():

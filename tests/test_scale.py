@@ -110,8 +110,12 @@ def test_the_old_7b_oar_g_settings_do_not_fit_and_the_budget_makes_them_fit():
     fixed = _setting("configs/qwen2.5-7b/oar-g.yaml", "attribute.dtype=float32", "attribute.max_batch_tokens=4096",
                      "attribute.gradient_checkpointing=true")
     assert scale.attribute_stage(fixed, HW, "oar_g").held_bytes < 80e9
-    old_update = _setting("configs/qwen2.5-7b/grpo.yaml", "update.micro_batch_tokens=0", "update.micro_batch_size=8")
-    assert scale.update_stage(old_update, HW).held["logits_full_vocab"] > 80e9  # 8 x 3,222 tokens x 3.65 MB
+    old_update = _setting("configs/qwen2.5-7b/grpo.yaml", "update.micro_batch_tokens=0", "update.micro_batch_size=8",
+                          "update.logit_chunk_tokens=0")
+    assert scale.update_stage(old_update, HW).held["logits_chunk"] > 80e9  # 8 x 3,222 tokens x 3.65 MB
+    chunked = _setting("configs/qwen2.5-7b/grpo.yaml", "update.micro_batch_tokens=0", "update.micro_batch_size=8",
+                       "update.logit_chunk_tokens=2048")
+    assert scale.update_stage(chunked, HW).held["logits_chunk"] == 2048 * scale.update_logits_bytes_per_token(old.shape)
 
 
 def test_exact_oar_p_costs_about_r_squared_over_two_token_forwards():
