@@ -84,14 +84,20 @@ def policy_identity(directory: str | Path) -> str:
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
-def verify_checkpoint(directory: Path) -> None:
+OPTIMIZER_FILES = (OPTIMIZER_TENSORS, OPTIMIZER_STATE)
+LOG_FILES = ("update.parquet",)
+
+
+def verify_checkpoint(directory: Path, wanted=lambda name: True) -> None:
+    """Check the recorded files that `wanted` names against checkpoint.json: a process verifies what it
+    reads, so one that loads only the weights does not hash the AdamW state (twice their size)."""
     if (directory / "PRUNED").exists():
         raise OarError(f"{directory}: this checkpoint's weights were pruned (run.keep_checkpoints); "
                        "raise run.keep_checkpoints and rerun with --force to rebuild it")
     manifest = directory / MANIFEST
     if not manifest.exists():
         return  # a model directory we did not write (the embedded default, a hub snapshot)
-    expected = json.loads(manifest.read_text())["files"]
+    expected = {name: digest for name, digest in json.loads(manifest.read_text())["files"].items() if wanted(name)}
     for name in expected:
         if not (directory / name).exists():
             raise OarError(f"{directory}: checkpoint file {name} is missing")
@@ -119,7 +125,7 @@ def load_policy(directory: str | Path, device: str = "cpu", dtype: str = "float3
 
     directory = Path(directory)
     policy_identity(directory)  # existence and safetensors checks
-    verify_checkpoint(directory)
+    verify_checkpoint(directory, lambda name: name not in OPTIMIZER_FILES + LOG_FILES)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
         model = AutoModelForCausalLM.from_pretrained(directory, use_safetensors=True,
@@ -154,6 +160,7 @@ def read_optimizer_state(directory: Path, shapes: dict[str, torch.Size]) -> dict
     None when the directory has none. `shapes` (name -> parameter shape) refuses another model's state."""
     if not (directory / OPTIMIZER_TENSORS).exists():
         return None
+    verify_checkpoint(directory, lambda name: name in OPTIMIZER_FILES)
     try:
         tensors = load_file(directory / OPTIMIZER_TENSORS)
         scalars = json.loads((directory / OPTIMIZER_STATE).read_text())

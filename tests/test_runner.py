@@ -351,3 +351,22 @@ def test_a_three_step_run_hashes_each_checkpoint_file_once(cli, tiny_config, tmp
     assert manifest["checkpoint_bytes_written"] == sizes
     assert manifest["checkpoint_bytes_hashed"] == sizes - (folder / "checkpoint.json").stat().st_size
     assert manifest["checkpoint_hash_seconds"] >= 0 and manifest["checkpoint_write_seconds"] > 0
+
+
+def test_a_process_verifies_what_it_reads(settings, rollouts, tmp_path, tiny_policy):
+    """Loading the weights does not hash the AdamW state; continuing its optimizer does, and refuses a
+    modified one."""
+    from oarctl.checkpoints import load_policy
+
+    config = settings()
+    advantages = run_chain(config, rollouts, tmp_path, tiny_policy)
+    output = tmp_path / "policy"
+    run_stage("update", config, {"advantages": advantages}, output, policy_path=tiny_policy, log=quiet)
+    moments = output / "optimizer.safetensors"
+    data = bytearray(moments.read_bytes())
+    data[-1] ^= 0xFF  # the last byte of the last tensor: still a readable file
+    moments.write_bytes(bytes(data))
+    load_policy(output)  # the weights are intact
+    with pytest.raises(OarError, match="optimizer.safetensors does not match its recorded hash"):
+        run_stage("update", config, {"advantages": advantages}, tmp_path / "next", policy_path=output, step=1,
+                  log=quiet)
