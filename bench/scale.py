@@ -558,6 +558,7 @@ def oar_p_group(setting: Setting, hw: Hardware, rows: np.ndarray, method: str) -
 
 
 _FRAGMENTATION = {"value": 1.25}  # --fragmentation
+_IO = {"disk": 3.0, "hash": 1.07}  # --disk-gbps, --hash-gbps
 
 
 def fragmentation() -> float:
@@ -746,6 +747,7 @@ def print_report(report: Report, hw: Hardware, check: bool) -> list[str]:
     rest = total - attribute
     print(f"   predicted step: {total:.1f} s; attribute / (rest of the step) = {attribute / rest:.3f}"
           f" (rest = sample + update = {rest:.1f} s)")
+    io_verdict = print_checkpoint_io(setting, hw, _IO["disk"], _IO["hash"], total)
     update = stages["update"]
     print(f"   update's vocabulary-projection term (predicted): {update.held.get('logits_chunk', 0) / GB:.1f} GB/GPU "
           f"({update_logits_bytes_per_token(setting.shape) / 1e6:.2f} MB per projected position, "
@@ -783,6 +785,7 @@ def print_report(report: Report, hw: Hardware, check: bool) -> list[str]:
         exact = report.methods["oar_p"].seconds
         lines.append(f"INFO (c) {tag}: exact oar_p with these knobs: predicted {_fmt_seconds(exact)} per step "
                      f"({exact / rest:.1f}x the rest of the step)")
+    lines.append(io_verdict)
     return lines
 
 
@@ -966,6 +969,54 @@ def calibrate() -> list[str]:
     return lines
 
 
+# ---- checkpoint I/O per step --------------------------------------------------------------------
+
+SHARD_BYTES = 50e9  # transformers' save_pretrained max_shard_size: a 7B fp32 model is one file
+
+
+def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: float) -> list[tuple[str, float, float]]:
+    """(term, bytes, seconds) of the checkpoint traffic on one step's critical path, as the code is today:
+    the update's rank 0 writes fp32 weights W = 4P and AdamW O = 8P and hashes them (one thread per file);
+    every process that loads the policy (each vLLM engine's canary, each attribute rank, each update
+    rank) hashes the weight file once (processes in parallel, each file single-threaded at `hash_gbps`)
+    and reads it (the first read from disk at `disk_gbps`, the others from the page cache); the update's
+    rank 0 also reads and hashes O. Engine start-up (rebuilt every step) is not a byte cost: see the note."""
+    s, cfg = setting.shape, setting.config
+    P = parameters(s)
+    W, O = 4 * P, 8 * P
+    largest_weight_file = min(W, SHARD_BYTES)
+    disk, hashing = disk_gbps * GB, hash_gbps * GB
+    engines = max(1, cfg.vllm.data_parallel_size) if cfg.policy.backend in ("vllm", "auto") else 1
+    attribute_ranks = (_accelerate_processes(cfg.attribute.accelerate_config, hw.gpus)
+                       if cfg.attribute.method not in ("uniform", "random") else 0)
+    update_ranks = _accelerate_processes(cfg.update.accelerate_config, hw.gpus)
+    terms = [("update rank 0 writes weights + AdamW", W + O, (W + O) / disk),
+             ("update rank 0 hashes what it wrote", W + O, max(O, largest_weight_file) / hashing),
+             ("engines read the new weights", engines * W, W / disk)]
+    if cfg.vllm.canary_tokens:
+        terms.append((f"{engines} engine canaries: verify + fp32 copy", engines * W, largest_weight_file / hashing))
+    if attribute_ranks:
+        terms.append((f"{attribute_ranks} attribute ranks load and verify", attribute_ranks * W,
+                      largest_weight_file / hashing))
+    terms.append((f"{update_ranks} update ranks load and verify; rank 0 reads AdamW", update_ranks * W + O,
+                  (largest_weight_file + O) / hashing))
+    return terms
+
+
+def print_checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: float, step_seconds: float) -> str:
+    terms = checkpoint_io(setting, hw, disk_gbps, hash_gbps)
+    total = sum(seconds for _, _, seconds in terms)
+    print(f"   checkpoint I/O per step (predicted; disk {disk_gbps} GB/s, sha256 {hash_gbps} GB/s per thread):")
+    for name, size, seconds in terms:
+        print(f"     {name:<52} {size / GB:8.1f} GB {seconds:8.1f} s")
+    share = total / (total + step_seconds)
+    print(f"     {'total':<52} {sum(b for _, b, _ in terms) / GB:8.1f} GB {total:8.1f} s = {share:.0%} of the step "
+          f"({step_seconds:.1f} s of compute); engine start-up every step (2-4 min by the issue's estimate) comes on top")
+    return (f"{'PASS' if share <= 0.10 else 'OPEN'} (d) {setting.path}: checkpoint I/O is {share:.0%} of the step "
+            f"(predicted {total:.0f} s beside {step_seconds:.0f} s of compute; the 10% target of a step without "
+            f"waste is not met yet)" if share > 0.10 else f"PASS (d) {setting.path}: checkpoint I/O {share:.0%} of the step")
+
+
 # ---- against a GPU measurement --------------------------------------------------------------------
 
 # bench/gpu_check.py's part long: its rows' methods and the knobs it ran them with (its defaults)
@@ -1043,6 +1094,9 @@ def parse(argv=None):
     parser.add_argument("--mixed-fraction", type=float, default=0.5,
                         help="assumed share of groups with mixed rewards (what skip_uniform_groups scores)")
     parser.add_argument("--quick", action="store_true", help="never calibrate (no torch import), even with --calibrate")
+    parser.add_argument("--disk-gbps", type=float, default=3.0, help="checkpoint disk read/write GB/s")
+    parser.add_argument("--hash-gbps", type=float, default=1.07,
+                        help="sha256 GB/s per thread (measured here: docs/measurements.md)")
     parser.add_argument("--measured", type=Path, metavar="LOG",
                         help="a bench/gpu_check.py output: its long attribute rows beside this arithmetic's "
                              "prediction for one GPU (use --tflops/--hbm-tbps of that GPU)")
@@ -1056,6 +1110,7 @@ def parse(argv=None):
 def main(argv=None) -> int:
     args = parse(argv)
     _FRAGMENTATION["value"] = args.fragmentation
+    _IO.update(disk=args.disk_gbps, hash=args.hash_gbps)
     hw = Hardware(args.gpus, args.tflops, args.fp32_tflops, args.memory_gb, args.hbm_tbps, args.nvlink_gbps,
                   args.efficiency, args.overhead_gb)
     if args.measured:

@@ -166,3 +166,14 @@ def test_a_gpu_check_log_is_read_and_set_beside_the_prediction(tmp_path):
     assert reached == pytest.approx(HW.efficiency * predicted / measured, abs=0.01)
     flops = 2 * scale.forward_flops(scale.SHAPES["1.5b"], 2036 ** 2 / 2, 0, 1)  # lower bound: matmuls only
     assert predicted >= flops / (HW.tflops * 1e12 * HW.efficiency) * 0.9
+
+
+def test_checkpoint_io_counts_every_loading_process():
+    setting = _setting("configs/qwen2.5-7b/oar-g.yaml")
+    P = scale.parameters(setting.shape)
+    terms = {name.split(":")[0]: (size, seconds) for name, size, seconds in scale.checkpoint_io(setting, HW, 3.0, 1.0)}
+    assert terms["update rank 0 writes weights + AdamW"] == (12 * P, pytest.approx(12 * P / (3.0 * scale.GB)))
+    assert terms["update rank 0 hashes what it wrote"][1] == pytest.approx(8 * P / scale.GB)  # AdamW: the largest file
+    assert terms["8 attribute ranks load and verify"][0] == 8 * 4 * P  # each rank hashes the fp32 weights once
+    uniform = _setting("configs/qwen2.5-7b/grpo.yaml")
+    assert not any("attribute" in name for name, _, _ in scale.checkpoint_io(uniform, HW, 3.0, 1.0))
