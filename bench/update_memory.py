@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048])
-    parser.add_argument("--chunks", type=int, nargs="+", default=[4096, 1024], help="logit_chunk_tokens to run")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[1024, 4096], help="logit_chunk_tokens to run (the first: the ratio column)")
     parser.add_argument("--full-up-to", type=int, default=512, help="longest response the full-logits path runs at")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)

@@ -137,7 +137,7 @@ class UpdateConfig:
     sum_norm_length: int = option(64, "constant divisor of seq-mean-token-sum-norm (Dr. GRPO): the max response length")
     micro_batch_tokens: int = option(0, "token budget of a micro-batch, rows x longest prompt+response "
                                         "(0: off, use micro_batch_size)")
-    logit_chunk_tokens: int = option(4096, "rows x response positions projected to the vocabulary at once: the "
+    logit_chunk_tokens: int = option(1024, "rows x response positions projected to the vocabulary at once: the "
                                             "(B, T, V) logits are never held whole, each chunk is recomputed in "
                                             "the backward (0: all at once)")
     bf16: bool = option(False, "bfloat16 autocast of the forward passes through accelerate (fp32 weights kept)")
