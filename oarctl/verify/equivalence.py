@@ -61,11 +61,9 @@ def _quick(pair: tuple[str, str]) -> Decision | None:
 def _pool(timeout: float, workers: int, memory_mb: int) -> WorkerPool:
     """One pool per setting, kept for the process's life: the next batch (the next step's verify,
     the next benchmark) finds its workers started and the engine imported."""
-    from oarctl.verify.symbolic import check_pair  # imports the engine: only when a pair needs it
-
     key = (timeout, workers, memory_mb)
-    if key not in _POOLS:
-        _POOLS[key] = WorkerPool(check_pair, workers=workers, timeout=timeout, memory_mb=memory_mb)
+    if key not in _POOLS:  # named, not imported: only the workers import the engine
+        _POOLS[key] = WorkerPool("oarctl.verify.symbolic:check_pair", workers=workers, timeout=timeout, memory_mb=memory_mb)
     return _POOLS[key]
 
 
