@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from oarctl.verify.extract import find_answer
-from oarctl.verify.normalize import normalize, quick_verdict
+from oarctl.verify.extract import check_mode, find_answer
+from oarctl.verify.normalize import decimal_comma, normalize, quick_verdict
 from oarctl.verify.pool import WorkerPool
 
 DEFAULT_TIMEOUT = 5.0
@@ -99,12 +99,23 @@ def decide(pairs: list[tuple[str, str]], *, timeout: float = DEFAULT_TIMEOUT, wo
     return decided
 
 
+def _pair(found, gold_form: str, extraction: str) -> tuple[str, str] | None:
+    if found is None:
+        return None
+    pred = normalize(found.text)
+    return (decimal_comma(pred, gold_form) if extraction == "lenient" else pred), gold_form
+
+
 def verify_batch(responses: list[str], golds: list[str], *, timeout: float = DEFAULT_TIMEOUT,
-                 workers: int = 0, memory_mb: int = DEFAULT_MEMORY_MB) -> list[Verdict]:
-    """One Verdict per (response, gold); hung, crashing or huge items get `timeout`/`error`, reward 0."""
-    found = [find_answer(response) for response in responses]
+                 workers: int = 0, memory_mb: int = DEFAULT_MEMORY_MB, extraction: str = "strict") -> list[Verdict]:
+    """One Verdict per (response, gold); hung, crashing or huge items get `timeout`/`error`, reward 0.
+
+    `extraction`: `strict` (explicit answer markers only) or `lenient` (graders' fallbacks, see
+    extract.py). Gold answers are always read strictly: a bare gold such as `x >= 5` is the answer.
+    """
+    found = [find_answer(response, check_mode(extraction)) for response in responses]
     gold_forms = {gold: normalized_gold(gold) for gold in set(golds)}
-    pairs = [None if f is None else (normalize(f.text), gold_forms[g]) for f, g in zip(found, golds)]
+    pairs = [_pair(f, gold_forms[g], extraction) for f, g in zip(found, golds)]
     decisions = decide([p for p in pairs if p is not None], timeout=timeout, workers=workers, memory_mb=memory_mb)
     verdicts = []
     for extraction, gold, pair in zip(found, golds, pairs):
