@@ -4,9 +4,11 @@ Two modes. `strict` (the training reward: a policy must state its answer) reads 
 forms below; `lenient` (evaluation, as public graders score) tries them first, then the fallbacks
 of lenient.py.
 
-Strict forms, most explicit first: the last \\boxed{...} / \\fbox{...} (nested braces), a GSM8K `#### X`
-line, then the last "the (final) answer is X" / "Answer: X" (X up to the end of the sentence, or
-the whole `$...$` when X starts with one). Pure string work, linear in the text, safe on any input.
+Strict forms, most explicit first: the last \\boxed{...} / \\fbox{...} (nested braces; several
+boxes in a row with only connectors between them, `\\boxed{1} or \\boxed{4}`, are one list `1, 4`,
+so hedging over answers is never rewarded as the last of them), a GSM8K `#### X` line, then the
+last "the (final) answer is X" / "Answer: X" (X up to the end of the sentence, or the whole `$...$`
+when X starts with one). Pure string work, linear in the text, safe on any input.
 """
 from __future__ import annotations
 
@@ -14,19 +16,22 @@ import re
 from dataclasses import dataclass
 
 from oarctl.errors import OarError
-from oarctl.verify.boxed import BOXED, boxed_span
+from oarctl.verify.boxed import BOXED, box_spans
 
 BOX_MARKERS = (BOXED, "\\fbox{")
 GSM8K = re.compile(r"^[ \t]*####[ \t]*(\S[^\n]*)", re.MULTILINE)
 ANSWER_IS = re.compile(r"\banswer\s*(?:is\s*:?|:)[ \t]*(?P<open>\$\$|\$|\\\[|\\\()?", re.IGNORECASE)
 CLOSERS = {"$$": "$$", "$": "$", "\\[": "\\]", "\\(": "\\)"}
+# Between the close of one box and the content of the next: `$ and $x = \\boxed{`, `, \\boxed{`.
+CONNECTOR = re.compile(r"[\s$,;]*(?:(?:and|or|&|\\quad|\\qquad|\\text\{\s*(?:and|or)\s*\})[\s$,;]*)?"
+                       r"(?:[A-Za-z](?:_\d)?\s*=\s*)?\\(?:boxed|fbox)\{")
 # The sentence ends at a period followed by a space or the end, never at a decimal point.
 SENTENCE_END = re.compile(r"\.(?=\s|$)|\n")
 
 
 @dataclass(frozen=True)
 class Extraction:
-    text: str    # the answer as read; strict: exactly response[start:end]
+    text: str    # the answer as read: response[start:end], except for a run of boxes and lenient readings
     start: int   # character span of the answer in the response, half-open
     end: int
 
@@ -43,9 +48,26 @@ def stripped(response: str, start: int, end: int) -> Extraction | None:
     return Extraction(response[start:end], start, end) if end > start else None
 
 
+def _box_run(response: str, spans: list[tuple[int, int]]) -> Extraction | None:
+    """Boxes in a row at the end of the boxed ones, read as one list; None for fewer than two."""
+    run = spans[-1:]
+    for span in reversed(spans[:-1]):
+        gap = response[span[1] + 1:run[0][0]]
+        if span[1] >= run[0][0] or not CONNECTOR.fullmatch(gap):
+            break
+        run.insert(0, span)
+    if len(run) < 2:
+        return None
+    parts = [response[start:end].strip() for start, end in run]
+    return Extraction(", ".join(parts), run[0][0], run[-1][1]) if all(parts) else None
+
+
 def _boxed(response: str) -> Extraction | None:
-    span = boxed_span(response, BOX_MARKERS)
-    return None if span is None else stripped(response, *span)
+    """The last box, or the run of boxes it ends (several answers are one list, never the last)."""
+    spans = box_spans(response, BOX_MARKERS)
+    if not spans:
+        return None
+    return _box_run(response, spans) or stripped(response, *spans[-1])
 
 
 def _gsm8k(response: str) -> Extraction | None:

@@ -4,9 +4,8 @@ Strict extraction (extract.py) needs an explicit marker, so a policy under train
 answer. Evaluation should score a model as leaderboards do, so lenient mode reads more shapes, and
 returns no answer whenever a reading is ambiguous (a wrong "correct" is worse than a missed one):
 
-1. several boxes in a row (`\\boxed{1} and \\boxed{2}`, only connectors between them) are one list,
-   `1, 2`, which the engine compares as a set or tuple; else the strict answer, where one of the
-   form `12 apples` / `45 percent` / `$\\$5$` becomes the number (`45\\%` for percent words);
+1. the strict answer, where one of the form `12 apples` / `45 percent` / `\\$5` becomes the number
+   (`45\\%` for percent words);
 2. a response that is a bare expression, without prose or math delimiters (`x >= 5`, `2,74`);
 3. else the later of the last math span (`$...$`, `$$...$$`, `\\[...\\]`, `\\(...\\)`) that reads as
    math and the last number of the prose outside the spans. A number next to an operator (`x > 5`,
@@ -20,8 +19,7 @@ from __future__ import annotations
 
 import re
 
-from oarctl.verify.boxed import box_spans
-from oarctl.verify.extract import BOX_MARKERS, Extraction, closing, stripped
+from oarctl.verify.extract import Extraction, closing, stripped
 
 OPENER = re.compile(r"(?<!\\)\$\$|(?<!\\)\\\[|(?<!\\)\\\(|(?<!\\)\$")
 CLOSERS = {"$$": "$$", "$": "$", "\\[": "\\]", "\\(": "\\)"}
@@ -36,26 +34,15 @@ PERCENT_AFTER = re.compile(r"\s*(?:\\?%|percent\b|per\s+cent\b)", re.IGNORECASE)
 # Next to one of these a number is part of an expression or a relation, not the answer.
 OPERATOR_BEFORE = re.compile(r"(?:[\^*/+<>≤≥×÷{}_\\-]|\\(?:geq?|leq?|neq?|gt|lt|times|cdot))\s*$")
 OPERATOR_AFTER = re.compile(r"\s*[\^*/+<>≤≥×÷=(){}_\\-]")
-CONNECTOR = re.compile(r"[\s$,;]*(?:and|or|&|\\quad|\\qquad|\\text\{\s*(?:and|or)\s*\})?[\s$,;]*"
-                       r"(?:\\boxed\{|\\fbox\{)?$|[\s$,;]*[A-Za-z](?:_\d)?\s*=\s*(?:\\boxed\{|\\fbox\{)?$")
-NUMBER_WITH_WORDS = re.compile(r"^(?:\\?\$\s*)?(-?[\d.,]+(?:/\d+)?)\s*(%|\\%|percent|per\s+cent)?(?:\s+[A-Za-z][A-Za-z ]*)?\.?$",
-                               re.IGNORECASE)
+# Words before the last number that make it something other than the answer: a list's last item
+# (`2, 4 and 8`), or a hedge (`17, since 16 fails`, `more than 10`, `not 6`).
+NOT_THE_ANSWER_BEFORE = re.compile(r"(?:\d\s*(?:,|and|or|&)\s*(?:and\s+|or\s+)?"
+                                   r"|\b(?:since|because|not|cannot|can't|isn't|except|unless|than|if|but|instead of"
+                                   r"|maybe|perhaps|possibly)\s+(?:\S+\s+){0,2})$",
+                                   re.IGNORECASE)
+NUMBER_WITH_WORDS = re.compile(r"^(?:\\?\$\s*)?(-?[\d.,]+(?:/\d+)?)\s*(%|\\%|percent|per\s+cent)?"
+                               r"(?:\s+[A-Za-z][A-Za-z ]*)?\.?$", re.IGNORECASE)
 BARE_LIMIT = 300  # characters: a longer text without prose is not "just the answer"
-
-
-def _box_run(response: str) -> Extraction | None:
-    """Boxes in a row at the end of the boxed ones, read as one list; None for fewer than two."""
-    spans = box_spans(response, BOX_MARKERS)
-    run = spans[-1:]
-    for span in reversed(spans[:-1]):
-        gap = response[span[1] + 1:run[0][0]]
-        if span[1] >= run[0][0] or not CONNECTOR.match(gap):
-            break
-        run.insert(0, span)
-    if len(run) < 2:
-        return None
-    parts = [response[start:end].strip() for start, end in run]
-    return Extraction(", ".join(parts), run[0][0], run[-1][1]) if all(parts) else None
 
 
 def _number_only(found: Extraction) -> Extraction:
@@ -110,8 +97,9 @@ def _last_number(response: str, spans: list) -> re.Match | None:
 
 
 def _ambiguous(response: str, match: re.Match) -> bool:
-    before = response[max(0, match.start() - 8):match.start()]
-    return bool(OPERATOR_BEFORE.search(before) or OPERATOR_AFTER.match(response, match.end()))
+    before = response[max(0, match.start() - 40):match.start()]
+    return bool(OPERATOR_BEFORE.search(before[-8:]) or OPERATOR_AFTER.match(response, match.end())
+                or NOT_THE_ANSWER_BEFORE.search(before))
 
 
 def _last_expression(response: str) -> Extraction | None:
@@ -135,9 +123,6 @@ def _bare(response: str) -> Extraction | None:
 
 def find_lenient(response: str, strict: Extraction | None) -> Extraction | None:
     """The lenient answer, given the strict one (None when strict found nothing)."""
-    boxes = _box_run(response)
-    if boxes is not None:
-        return boxes
     if strict is not None:
         return _number_only(strict)
     return _bare(response) or _last_expression(response)
