@@ -50,14 +50,15 @@ def stripped(response: str, start: int, end: int) -> Extraction | None:
 
 def _box_run(response: str, spans: list[tuple[int, int]]) -> Extraction | None:
     """Boxes in a row at the end of the boxed ones, read as one list; None for fewer than two."""
-    run = spans[-1:]
+    run = spans[-1:]  # from the last box backwards
     for span in reversed(spans[:-1]):
-        gap = response[span[1] + 1:run[0][0]]
-        if span[1] >= run[0][0] or not CONNECTOR.fullmatch(gap):
+        gap = response[span[1] + 1:run[-1][0]]
+        if span[1] >= run[-1][0] or not CONNECTOR.fullmatch(gap):
             break
-        run.insert(0, span)
+        run.append(span)
     if len(run) < 2:
         return None
+    run.reverse()
     parts = [response[start:end].strip() for start, end in run]
     return Extraction(", ".join(parts), run[0][0], run[-1][1]) if all(parts) else None
 
