@@ -34,10 +34,16 @@ def environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-@pytest.mark.parametrize("how", ["file", "stdin", "-c"])
+@pytest.mark.parametrize("how", ["file", "stdin", "-c", "beside another oarctl"])
 def test_readme_example_runs_without_a_main_guard(tmp_path, how):
     code = readme_example()
     assert "__main__" not in code
+    folder = tmp_path
+    if how == "beside another oarctl":  # a stale copy in the working directory never reaches a worker
+        folder = tmp_path / "elsewhere"
+        (folder / "oarctl").mkdir(parents=True)
+        (folder / "oarctl" / "__init__.py").write_text("raise ImportError('the wrong oarctl')\n")
+        how = "file"
     if how == "file":
         script = tmp_path / "example.py"
         script.write_text(code)
@@ -46,7 +52,7 @@ def test_readme_example_runs_without_a_main_guard(tmp_path, how):
         command, stdin = [sys.executable, "-"], code
     else:
         command, stdin = [sys.executable, "-c", code], None
-    result = subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=tmp_path,
+    result = subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=folder,
                             env=environment(), timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == expected_lines(code)

@@ -53,13 +53,9 @@ def _function_reference(function: Callable | str) -> tuple[str, str]:
     return module, name
 
 
-def _worker_environment() -> dict[str, str]:
-    """This process's environment with the folder holding this very oarctl first on PYTHONPATH, so
-    `-m oarctl.verify.worker` runs the same code whether oarctl is installed or on a path."""
-    root = str(Path(oarctl.__file__).resolve().parent.parent)
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(p for p in (root, environment.get("PYTHONPATH")) if p)
-    return environment
+# The folder holding this very oarctl: the workers' working directory, hence the first entry of
+# their sys.path under `-m`, so they run this code and not another copy found in the caller's folder.
+OARCTL_ROOT = str(Path(oarctl.__file__).resolve().parent.parent)
 
 
 class _Worker:
@@ -69,15 +65,16 @@ class _Worker:
         ours, theirs = socket.socketpair()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "oarctl.verify.worker", str(theirs.fileno())], pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=_worker_environment(), close_fds=True)
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=OARCTL_ROOT, close_fds=True)
         theirs.close()
         self.connection = Connection(ours.detach())
-        self.connection.send((*reference, [p for p in sys.path if p], memory_bytes))
+        # absolute, since the worker runs in another folder ('' is this process's working directory)
+        self.connection.send((*reference, [os.path.abspath(p) for p in sys.path], memory_bytes))
         self.started = time.perf_counter()
 
     def confirm_ready(self) -> None:
         """Read the start-up message once the connection is readable; a worker that died instead
-        (an import error, a bad main module under spawn) makes the whole pool unusable."""
+        (an import error: its traceback is on stderr) makes the whole pool unusable."""
         try:
             message = self.connection.recv()
         except (EOFError, OSError):
