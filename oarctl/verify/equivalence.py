@@ -63,7 +63,8 @@ def _pool(timeout: float, workers: int, memory_mb: int) -> WorkerPool:
     the next benchmark) finds its workers started and the engine imported."""
     key = (timeout, workers, memory_mb)
     if key not in _POOLS:  # named, not imported: only the workers import the engine
-        _POOLS[key] = WorkerPool("oarctl.verify.symbolic:check_pair", workers=workers, timeout=timeout, memory_mb=memory_mb)
+        _POOLS[key] = WorkerPool("oarctl.verify.symbolic:check_pair", workers=workers, timeout=timeout,
+                                 memory_mb=memory_mb)
     return _POOLS[key]
 
 

@@ -2,7 +2,8 @@
 
 `normalize` removes what never changes a value (math delimiters, \\left/\\right, spacing commands,
 \\dfrac, degree marks, dollar signs, thousands separators, a trailing period, a \\text{} wrapper,
-the parentheses of a choice letter). Pure string work, linear in the text.
+the parentheses of a choice letter) and writes Unicode relation and operator signs (≥, ×, −) as
+LaTeX. Pure string work, linear in the text.
 """
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 
 Each worker is a fresh interpreter, `python -m oarctl.verify.worker` (no forked torch or thread
 state, and the caller's main module is never imported, so plain scripts, `python -` and notebooks
-work), that caps its own address space, then serves one item at a time over a socket pair. An item that runs past its deadline gets its
-worker killed; a worker that dies (segfault, out of memory) is detected by its closed pipe. Either
-way the item gets an outcome, a fresh worker takes the slot, and the batch goes on. Workers start
+work), that caps its own address space, then serves one item at a time over a socket pair. An
+item that runs past its deadline gets its worker killed; a worker that dies (segfault, out of
+memory) is detected by its closed socket. Either way the item gets an outcome, a fresh worker takes
+the slot, and the batch goes on. Workers start
 lazily on the first item and stop on `close()` (context manager, and atexit as a last resort).
 """
 from __future__ import annotations
