@@ -119,12 +119,12 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = DEF
     pairs = [_pair(f, gold_forms[g], extraction) for f, g in zip(found, golds)]
     decisions = decide([p for p in pairs if p is not None], timeout=timeout, workers=workers, memory_mb=memory_mb)
     verdicts = []
-    for extraction, gold, pair in zip(found, golds, pairs):
+    for answer, gold, pair in zip(found, golds, pairs):
         if pair is None:
             verdicts.append(Verdict(None, -1, -1, None, gold_forms[gold], "no_answer", False, False, 0.0))
             continue
         decision = decisions[pair]
-        verdicts.append(Verdict(extraction.text, extraction.start, extraction.end, pair[0], pair[1],
+        verdicts.append(Verdict(answer.text, answer.start, answer.end, pair[0], pair[1],
                                 decision.verdict, decision.parse_ok, decision.verdict == "timeout",
                                 decision.latency_ms))
     return verdicts
