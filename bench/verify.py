@@ -14,8 +14,9 @@ a wrong answer repeated within the group (integer gold + 1, else another problem
   response, sequentially in this process (the full response text goes to parse, as math-verify
   users do; the gold is wrapped in `$...$` because math-verify's default extraction finds nothing
   in bare LaTeX such as `p - q`). An exception counts as wrong.
-- ours: `oarctl.verify.verify_batch(responses, golds)` with default workers (all cores), memo
-  cleared first, pool start-up included.
+- ours: `oarctl.verify.verify_batch(responses, golds, extraction=--extraction)` (default
+  `lenient`, as `oarctl evaluate` grades) with default workers (all cores), memo cleared first,
+  pool start-up included.
 """
 from __future__ import annotations
 
@@ -108,12 +109,12 @@ def baseline(responses: list[str], golds: list[str]) -> tuple[list[bool], float,
     return verdicts, time.perf_counter() - started, errors
 
 
-def ours(responses: list[str], golds: list[str], workers: int):
+def ours(responses: list[str], golds: list[str], workers: int, extraction: str):
     from oarctl.verify import equivalence
 
     equivalence._MEMO.clear()
     started = time.perf_counter()
-    verdicts = equivalence.verify_batch(responses, golds, workers=workers)
+    verdicts = equivalence.verify_batch(responses, golds, workers=workers, extraction=extraction)
     return verdicts, time.perf_counter() - started
 
 
@@ -129,6 +130,8 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8, help="responses per problem")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=0, help="verify_batch workers (0: all cores)")
+    parser.add_argument("--extraction", choices=["strict", "lenient"], default="lenient",
+                        help="verify_batch extraction mode")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--examples", type=int, default=10, help="disagreements to print")
     args = parser.parse_args()
@@ -144,13 +147,13 @@ def main() -> None:
           f"{available_cores()} core(s)")
 
     base, base_seconds, base_errors = baseline(responses, golds)
-    got, our_seconds = ours(responses, golds, args.workers)
+    got, our_seconds = ours(responses, golds, args.workers, args.extraction)
     our_correct = [v.verdict == "correct" for v in got]
 
     n = len(responses)
     print(f"\n{'method':<34} {'answers':>8} {'seconds':>8} {'answers/s':>10} {'speed-up':>8}")
     print(f"{'baseline: sequential math-verify':<34} {n:>8} {base_seconds:>8.2f} {n / base_seconds:>10.1f} {1.0:>7.1f}x")
-    print(f"{'ours: verify_batch (pool)':<34} {n:>8} {our_seconds:>8.2f} {n / our_seconds:>10.1f} "
+    print(f"{'ours: verify_batch, ' + args.extraction:<34} {n:>8} {our_seconds:>8.2f} {n / our_seconds:>10.1f} "
           f"{base_seconds / our_seconds:>7.1f}x")
     print(f"baseline exceptions (counted wrong): {base_errors}")
     print(f"ours: {dict(Counter(v.verdict for v in got))} "

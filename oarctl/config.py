@@ -74,6 +74,8 @@ class VerifyConfig:
     timeout: float = option(5.0, "seconds per symbolic check; a slower one is killed and scored 0 (verdict 'timeout')")
     workers: int = option(0, "symbolic-check worker processes, started only when needed (0: all cores)")
     memory_mb: int = option(2048, "address-space cap of each worker process, in MiB")
+    extraction: str = option("strict", "answer extraction of the training reward: 'strict' (explicit markers: "
+                                       "\\boxed, ####, 'the answer is') or 'lenient' (graders' fallbacks)")
 
 
 @dataclass
@@ -155,6 +157,8 @@ class EvaluateConfig:
     batch_size: int = option(128, "sequences per generation batch")
     pass_k: list = option([1, 4], "k values of the unbiased pass@k")
     checker: str = option("math", "answer checker for grading (a verify.method name; default limits)")
+    extraction: str = option("lenient", "answer extraction for grading: 'lenient' (as public graders: last math "
+                                        "or number when no marker) or 'strict' (explicit markers only)")
     benchmarks: dict = option({}, "name -> JSONL/JSON/Parquet path or hub dataset (name[:split]); "
                                   "{}: the held-out set (data.heldout)")
     limit: int = option(0, "score only the first N prompts of each benchmark (0: all), for quick checks")
@@ -342,11 +346,20 @@ def validate(config: Config) -> None:
     _check(config.verify.timeout > 0, "verify.timeout must be > 0")
     _check(config.verify.workers >= 0, "verify.workers must be >= 0")
     _check(config.verify.memory_mb >= 256, "verify.memory_mb must be >= 256")
+    _check_extraction(config)
     _validate_data_sources(config)
     _validate_fidelity(config.fidelity)
     _check_names(config)
     from oarctl.logging_backends import check_backends
     check_backends(config.logging.backends)
+
+
+def _check_extraction(config: Config) -> None:
+    from oarctl.verify.extract import EXTRACTION_MODES
+
+    for option_name, value in (("verify.extraction", config.verify.extraction),
+                               ("evaluate.extraction", config.evaluate.extraction)):
+        _check(value in EXTRACTION_MODES, f"{option_name} must be one of {', '.join(EXTRACTION_MODES)}")
 
 
 def _validate_fidelity(section: FidelityConfig) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-SETTINGS = ("samples", "temperature", "top_p", "max_new_tokens")
+SETTINGS = ("samples", "temperature", "top_p", "max_new_tokens", "extraction")
 
 
 def _score_names(metrics: dict) -> list[str]:
@@ -28,6 +28,14 @@ def summary(metrics: dict) -> dict:
             "overall": {k: metrics[k] for k in names}}
 
 
+def _extraction_note(mode: str | None) -> str:
+    """Manifests older than evaluate.extraction were graded strictly."""
+    if mode == "lenient":
+        return ("Answers extracted leniently (explicit markers, else the last math expression or number, "
+                "as public graders read them).")
+    return "Answers extracted strictly (explicit markers only: \\boxed, ####, 'the answer is')."
+
+
 def _cells(scores: dict, names: list[str]) -> list[str]:
     return [str(scores["prompts"])] + [f"{100 * scores[k]:.1f}" for k in names]
 
@@ -46,7 +54,8 @@ def markdown(metrics: dict) -> str:
     lines.append("")
     lines.append(f"Scores in %. Greedy: one response per prompt at temperature 0. Sampled: n = {settings['samples']} "
                  f"per prompt at temperature {settings['temperature']}, top_p {settings['top_p']}; "
-                 f"at most {settings['max_new_tokens']} new tokens. pass@k is the unbiased estimator; "
+                 f"at most {settings['max_new_tokens']} new tokens. {_extraction_note(settings['extraction'])} "
+                 "pass@k is the unbiased estimator; "
                  "maj@k votes over the first k samples' normalized answers"
                  + ("; overall = mean over benchmarks, prompts = total." if document["overall"] else "."))
     return "\n".join(lines) + "\n"

@@ -20,7 +20,7 @@ def verified_table(**replace) -> pa.Table:
                           "answer_char_end": [8, -1], "answer_token_start": [3, -1], "answer_token_end": [4, -1],
                           "normalized_answer": ["2", None], "normalized_gold": ["2", "2"],
                           "verdict": ["correct", "no_answer"], "parse_ok": [True, False],
-                          "timed_out": [False, False]}, "verified")
+                          "timed_out": [False, False], "extraction": ["strict", "strict"]}, "verified")
     for name, value in replace.items():
         table = table.set_column(table.column_names.index(name), name, pa.array(value))
     return table

@@ -39,7 +39,7 @@ def test_pass_at_k_codex_estimator_hand_values():
 
 
 class Settings:
-    samples, temperature, top_p, max_new_tokens, pass_k = 2, 0.6, 0.95, 32, [1, 2]
+    samples, temperature, top_p, max_new_tokens, pass_k, extraction = 2, 0.6, 0.95, 32, [1, 2], "lenient"
 
 
 def _row(benchmark, prompt, mode, answer, reward):
@@ -104,9 +104,16 @@ def test_cli_evaluates_two_benchmarks(cli, tiny_config, tmp_path, benchmark_file
         (manifest["first/greedy_accuracy"] + manifest["second/greedy_accuracy"]) / 2)
     assert 0 < manifest["avg@2"] < 1  # mixed rewards: the table is not all zeros by construction
     assert output.with_name("eval.parquet.summary.md").read_text() == "\n".join(lines[1:]) + "\n"
+    # graded as leaderboards grade, and saying so in the rows, the metrics and the summary
+    assert set(table["extraction"].to_pylist()) == {"lenient"}
+    assert manifest["extraction"] == summary["settings"]["extraction"] == "lenient"
+    assert "Answers extracted leniently" in result.stdout
 
     again = cli("evaluate", "-c", config, "-o", output)
     assert again.exit_code == 0 and "up to date" in again.stdout
+    strict = cli("evaluate", "-c", config, "-o", output, "--set", "evaluate.extraction=strict")
+    assert strict.exit_code == 0 and "up to date" not in strict.stdout  # the mode is in the cache key
+    assert "Answers extracted strictly" in strict.stdout
     limited = cli("evaluate", "-c", config, "-o", tmp_path / "l.parquet", "--set", "evaluate.limit=1")
     assert limited.exit_code == 0, limited.output
     assert pq.read_table(tmp_path / "l.parquet").num_rows == 2 * (1 + 2)

@@ -118,6 +118,8 @@ def test_set_errors_name_the_override(override, names):
     ("evaluate.samples=0", "evaluate.samples"),
     ("evaluate.pass_k=[1, 8]", "evaluate.pass_k"),  # 8 > evaluate.samples (4)
     ("policy.backend=tensorrt", "policy.backend"),
+    ("verify.extraction=loose", "verify.extraction"),
+    ("evaluate.extraction=fuzzy", "evaluate.extraction"),
     ("vllm.gpu_memory_utilization=1.5", "vllm.gpu_memory_utilization"),
 ])
 def test_out_of_range_values_name_the_option(override, option):

@@ -349,6 +349,12 @@ LINEAR_INPUTS = {
     "megabyte_spaces": "\\boxed{" + " " * MB + "1" + " " * MB + "}",
     "megabyte_units": "\\boxed{" + "\\text{a " * (MB // 8) + "}",
     "megabyte_escaped_dollars": "The answer is $" + "\\$" * (MB // 2),
+    # lenient fallbacks: dollar pairs holding prose, unclosed display math, numbers everywhere
+    "megabyte_currency": "$5 and " * (MB // 7),
+    "megabyte_dollars": "$" * MB,
+    "megabyte_unclosed_display": "\\[" * (MB // 2),
+    "megabyte_numbers": "1,2 " * (MB // 4),
+    "megabyte_run_of_boxes": "\\boxed{1} and " * (MB // 16),
 }
 
 
@@ -357,10 +363,11 @@ def test_extraction_is_linear(name):
     text = LINEAR_INPUTS[name]
     started = time.perf_counter()
     boxed_span(text)
-    found = find_answer(text)
-    if found is not None:
-        assert text[found.start:found.end] == found.text
-        quick_verdict(normalize(found.text), GOLD)
+    for mode in ("strict", "lenient"):
+        found = find_answer(text, mode)
+        if found is not None:
+            assert 0 <= found.start < found.end <= len(text)
+            quick_verdict(normalize(found.text), GOLD)
     # a pure-Python pass over 1 MB takes ~1-2 s on a quiet core (9 s seen with 5 jobs on 2 cores);
     # a quadratic one would take hours, so a loose bound still tells them apart
     assert time.perf_counter() - started < 60.0, name

@@ -6,7 +6,9 @@ greedy accuracy, avg@n of `samples` sampled responses per prompt, unbiased pass@
 (majority vote over the normalized answers of the first k samples). With named benchmarks the
 overall number is the mean over benchmarks (each counts once, as papers' "Avg." column does) and
 per-benchmark metrics are `<name>/<metric>`. The seed is fixed per run (not per step), so every
-checkpoint is scored on the same noise.
+checkpoint is scored on the same noise. Answers are read with `evaluate.extraction`, `lenient` by
+default (as the graders behind published scores read them; see oarctl/verify/lenient.py), and the
+mode is in every row, the metrics and the summary.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from oarctl.runner import StageContext, StageOutput
 from oarctl.templates import encode, resolve as resolve_template
 from oarctl.verify import CHECKERS
 
-VERSION = "2"  # 2: benchmark, verdict and normalized_answer columns; maj@k; evaluate.limit
+VERSION = "3"  # 2: benchmark, verdict and normalized_answer columns; maj@k; evaluate.limit. 3: extraction
 HELDOUT = "heldout"  # the benchmark name of a prompts table without a benchmark column
 
 
@@ -33,14 +35,15 @@ def _responses(model, tokenizer, prompts, config, context, temperature, copies):
                            max_new_tokens=config.max_new_tokens, seed=context.seed,
                            batch_size=config.batch_size, progress=context.progress)
     texts = tokenizer.batch_decode([g.token_ids for g in generations], skip_special_tokens=True)
-    verdicts = CHECKERS.get(config.checker)(texts, [row["answer"] for row in repeated])
+    verdicts = CHECKERS.get(config.checker)(texts, [row["answer"] for row in repeated], extraction=config.extraction)
     for index, (row, generation, text, verdict) in enumerate(zip(repeated, generations, texts, verdicts)):
         yield {"prompt_id": row["prompt_id"], "problem": row["problem"], "answer": row["answer"],
                "benchmark": row["benchmark"], "verdict": verdict.verdict,
                "normalized_answer": verdict.normalized_answer,
                "mode": "greedy" if temperature == 0 else "sampled", "sample_index": index % copies,
                "response_token_ids": generation.token_ids, "response_text": text,
-               "finish_reason": generation.finish_reason, "extracted_answer": verdict.extracted, "reward": verdict.reward}
+               "finish_reason": generation.finish_reason, "extracted_answer": verdict.extracted, "reward": verdict.reward,
+               "extraction": config.extraction}
 
 
 def _prompt_rows(table, limit: int) -> list[dict]:
@@ -73,7 +76,8 @@ def evaluation_metrics(rows: list[dict], config) -> dict:
         by_benchmark[row["benchmark"]].append(row)
     per_benchmark = {name: _scores(part, config.pass_k) for name, part in by_benchmark.items()}
     settings = {"samples": config.samples, "temperature": config.temperature, "top_p": config.top_p,
-                "max_new_tokens": config.max_new_tokens, "benchmarks": list(per_benchmark)}
+                "max_new_tokens": config.max_new_tokens, "extraction": config.extraction,
+                "benchmarks": list(per_benchmark)}
     if list(per_benchmark) == [HELDOUT]:
         return {**per_benchmark[HELDOUT], **settings}
     first = next(iter(per_benchmark.values()))

@@ -1,7 +1,9 @@
 """verify: rollouts -> verified (extracted answer, its spans, normalised forms, verdict, 0/1 reward).
 
 The checker is chosen by `verify.method`: `math` (extraction + math-verify in a killable worker
-pool, see oarctl/verify) or `boxed` (the last \\boxed{} equals the gold text).
+pool, see oarctl/verify) or `boxed` (the last \\boxed{} equals the gold text). `verify.extraction`
+is `strict` by default, so a policy is rewarded only for an answer it states explicitly; the mode
+is recorded in every row (`extraction`).
 
 The answer's character span in `response_text` is mapped to its token span in
 `response_token_ids` with the sampling policy's tokenizer (the only use of the policy here); a
@@ -20,7 +22,7 @@ from oarctl.errors import InputError
 from oarctl.runner import StageContext, StageOutput
 from oarctl.verify import CHECKERS
 
-VERSION = "3"
+VERSION = "4"  # 4: verify.extraction and the extraction column
 SLOWEST_ROWS = 5
 
 
@@ -52,12 +54,13 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     rollouts = inputs["rollouts"]
     verdicts = CHECKERS.get(config.method)(rollouts["response_text"].to_pylist(), rollouts["answer"].to_pylist(),
                                            timeout=config.timeout, workers=config.workers,
-                                           memory_mb=config.memory_mb)
+                                           memory_mb=config.memory_mb, extraction=config.extraction)
     columns = {"extracted_answer": [v.extracted for v in verdicts], "reward": [v.reward for v in verdicts],
                "answer_char_start": [v.start for v in verdicts], "answer_char_end": [v.end for v in verdicts],
                "normalized_answer": [v.normalized_answer for v in verdicts],
                "normalized_gold": [v.normalized_gold for v in verdicts], "verdict": [v.verdict for v in verdicts],
-               "parse_ok": [v.parse_ok for v in verdicts], "timed_out": [v.timed_out for v in verdicts]}
+               "parse_ok": [v.parse_ok for v in verdicts], "timed_out": [v.timed_out for v in verdicts],
+               "extraction": [config.extraction] * len(verdicts)}
     spans = answer_token_spans(rollouts, verdicts, context.policy.load_tokenizer(), context.policy.path)
     columns["answer_token_start"] = [start for start, _ in spans]
     columns["answer_token_end"] = [end for _, end in spans]

@@ -1,8 +1,8 @@
 """Answer checking: a registry of batch checkers, each
-`(responses, golds, *, timeout, workers, memory_mb) -> list[Verdict]`.
+`(responses, golds, *, timeout, workers, memory_mb, extraction) -> list[Verdict]`.
 
-`math` (the full verifier: extraction, normalisation, math-verify in a killable pool) and `boxed`
-(last \\boxed{}, exact text match; pure string work).
+`math` (the full verifier: extraction in `strict` or `lenient` mode, normalisation, math-verify in
+a killable pool) and `boxed` (last \\boxed{}, exact text match; pure string work, no modes).
 """
 from oarctl.registry import Registry
 from oarctl.verify import boxed
@@ -15,7 +15,8 @@ CHECKERS.register("math")(verify_batch)
 
 @CHECKERS.register("boxed")
 def boxed_batch(responses: list[str], golds: list[str], **_limits) -> list[Verdict]:
-    """The boxed checker in the batch shape; it needs no limits (no symbolic work)."""
+    """The boxed checker in the batch shape; it needs no limits (no symbolic work) and reads only
+    the last box, whatever the extraction mode."""
     verdicts = []
     for response, gold in zip(responses, golds):
         span = boxed.boxed_span(response)

@@ -7,15 +7,15 @@ from __future__ import annotations
 BOXED = "\\boxed{"
 
 
-def boxed_span(text: str, markers: tuple[str, ...] = (BOXED,)) -> tuple[int, int] | None:
-    """Character span (start, end) of the content of the last-opened balanced box, or None.
+def box_spans(text: str, markers: tuple[str, ...] = (BOXED,)) -> list[tuple[int, int]]:
+    """Character spans (start, end) of the contents of every balanced box, in order of opening.
 
     A box is any of `markers` (each ends with `{`). One pass with a stack of open braces (None for a
     plain brace, the content start for a box), so hostile text with thousands of unclosed boxes
     stays linear.
     """
     stack: list[int | None] = []
-    best: tuple[int, int] | None = None
+    spans: list[tuple[int, int]] = []
     position = 0
     while position < len(text):
         marker = next((m for m in markers if text.startswith(m, position)), None) if text[position] == "\\" else None
@@ -28,10 +28,16 @@ def boxed_span(text: str, markers: tuple[str, ...] = (BOXED,)) -> tuple[int, int
             stack.append(None)
         elif character == "}" and stack:
             opened = stack.pop()
-            if opened is not None and (best is None or opened > best[0]):
-                best = (opened, position)
+            if opened is not None:
+                spans.append((opened, position))
         position += 1
-    return best
+    return sorted(spans)
+
+
+def boxed_span(text: str, markers: tuple[str, ...] = (BOXED,)) -> tuple[int, int] | None:
+    """The span of the content of the last-opened balanced box, or None."""
+    spans = box_spans(text, markers)
+    return spans[-1] if spans else None
 
 
 def extract_boxed(text: str) -> str | None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from oarctl.verify.extract import find_answer
-from oarctl.verify.normalize import normalize, quick_verdict
+from oarctl.verify.extract import check_mode, find_answer
+from oarctl.verify.normalize import decimal_comma, normalize, quick_verdict
 from oarctl.verify.pool import WorkerPool
 
 DEFAULT_TIMEOUT = 5.0
@@ -61,11 +61,10 @@ def _quick(pair: tuple[str, str]) -> Decision | None:
 def _pool(timeout: float, workers: int, memory_mb: int) -> WorkerPool:
     """One pool per setting, kept for the process's life: the next batch (the next step's verify,
     the next benchmark) finds its workers started and the engine imported."""
-    from oarctl.verify.symbolic import check_pair  # imports the engine: only when a pair needs it
-
     key = (timeout, workers, memory_mb)
-    if key not in _POOLS:
-        _POOLS[key] = WorkerPool(check_pair, workers=workers, timeout=timeout, memory_mb=memory_mb)
+    if key not in _POOLS:  # named, not imported: only the workers import the engine
+        _POOLS[key] = WorkerPool("oarctl.verify.symbolic:check_pair", workers=workers, timeout=timeout,
+                                 memory_mb=memory_mb)
     return _POOLS[key]
 
 
@@ -101,20 +100,31 @@ def decide(pairs: list[tuple[str, str]], *, timeout: float = DEFAULT_TIMEOUT, wo
     return decided
 
 
+def _pair(found, gold_form: str, extraction: str) -> tuple[str, str] | None:
+    if found is None:
+        return None
+    pred = normalize(found.text)
+    return (decimal_comma(pred, gold_form) if extraction == "lenient" else pred), gold_form
+
+
 def verify_batch(responses: list[str], golds: list[str], *, timeout: float = DEFAULT_TIMEOUT,
-                 workers: int = 0, memory_mb: int = DEFAULT_MEMORY_MB) -> list[Verdict]:
-    """One Verdict per (response, gold); hung, crashing or huge items get `timeout`/`error`, reward 0."""
-    found = [find_answer(response) for response in responses]
+                 workers: int = 0, memory_mb: int = DEFAULT_MEMORY_MB, extraction: str = "strict") -> list[Verdict]:
+    """One Verdict per (response, gold); hung, crashing or huge items get `timeout`/`error`, reward 0.
+
+    `extraction`: `strict` (explicit answer markers only) or `lenient` (graders' fallbacks, see
+    extract.py). Gold answers are always read strictly: a bare gold such as `x >= 5` is the answer.
+    """
+    found = [find_answer(response, check_mode(extraction)) for response in responses]
     gold_forms = {gold: normalized_gold(gold) for gold in set(golds)}
-    pairs = [None if f is None else (normalize(f.text), gold_forms[g]) for f, g in zip(found, golds)]
+    pairs = [_pair(f, gold_forms[g], extraction) for f, g in zip(found, golds)]
     decisions = decide([p for p in pairs if p is not None], timeout=timeout, workers=workers, memory_mb=memory_mb)
     verdicts = []
-    for extraction, gold, pair in zip(found, golds, pairs):
+    for answer, gold, pair in zip(found, golds, pairs):
         if pair is None:
             verdicts.append(Verdict(None, -1, -1, None, gold_forms[gold], "no_answer", False, False, 0.0))
             continue
         decision = decisions[pair]
-        verdicts.append(Verdict(extraction.text, extraction.start, extraction.end, pair[0], pair[1],
+        verdicts.append(Verdict(answer.text, answer.start, answer.end, pair[0], pair[1],
                                 decision.verdict, decision.parse_ok, decision.verdict == "timeout",
                                 decision.latency_ms))
     return verdicts

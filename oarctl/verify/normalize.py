@@ -2,7 +2,8 @@
 
 `normalize` removes what never changes a value (math delimiters, \\left/\\right, spacing commands,
 \\dfrac, degree marks, dollar signs, thousands separators, a trailing period, a \\text{} wrapper,
-the parentheses of a choice letter). Pure string work, linear in the text.
+the parentheses of a choice letter) and writes Unicode relation and operator signs (≥, ×, −) as
+LaTeX. Pure string work, linear in the text.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from fractions import Fraction
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 DELIMITERS = [("$$", "$$"), ("$", "$"), ("\\[", "\\]"), ("\\(", "\\)")]
-NEUTRAL = re.compile(r"\\left\b|\\right\b|\\[!,;: ]|~|\\displaystyle\b|\\\$|\^\s*\{\s*\\circ\s*\}|\^\s*\\circ\b|\\circ\b|°")
+# `(?<!\\)`: the second backslash of a matrix row break `\\ 3` is no spacing command.
+NEUTRAL = re.compile(r"\\left\b|\\right\b|(?<!\\)\\[!,;: ]|~|\\displaystyle\b|\\\$|\^\s*\{\s*\\circ\s*\}|\^\s*\\circ\b|\\circ\b|°")
 WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mbox|mathbf)\{([^{}]*)\}$")
 CHOICE = re.compile(r"^\(([A-Ea-e])\)$")
 THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:[, ]\d{3})+(?:\.\d+)?$")  # `1,000`, and `1\,000` once spaced
@@ -21,6 +23,8 @@ FRACTION = re.compile(r"^(-?)\\frac\{(-?\d{1,100})\}\{(\d{1,100})\}$")  # `\frac
 NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
 TEXT = re.compile(r"^[A-Za-z][A-Za-z '\-]*$")
 SPACE_AROUND_SYMBOL = re.compile(r"\s*([^\w\s\\])\s*")
+DECIMAL_COMMA = re.compile(r"^-?\d+,(?:\d{1,2}|\d{4,})$")  # not exactly 3 digits after the comma
+UNICODE_MATH = {"≥": "\\geq ", "≤": "\\leq ", "≠": "\\neq ", "−": "-", "×": "\\times ", "÷": "\\div "}
 UNIT = re.compile(r"\\(?:text|mbox|mathrm)\{\s*([A-Za-z][A-Za-z ]*?)\s*\}")
 
 
@@ -33,6 +37,8 @@ def _unwrap_delimiters(answer: str) -> str:
 
 def normalize(answer: str) -> str:
     answer = _unwrap_delimiters(CONTROL.sub("", answer).strip())
+    for symbol, command in UNICODE_MATH.items():
+        answer = answer.replace(symbol, command)
     answer = NEUTRAL.sub(" ", answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac"))
     answer = answer.replace("{,}", ",")
     answer = SPACE_AROUND_SYMBOL.sub(r"\1", " ".join(answer.split())).rstrip(".")
@@ -41,6 +47,18 @@ def normalize(answer: str) -> str:
     if THOUSANDS.match(answer):
         answer = answer.replace(",", "").replace(" ", "")
     return answer
+
+
+def decimal_comma(pred: str, gold: str) -> str:
+    """Lenient mode's reading of a number written with a comma, given the normalised gold.
+
+    `2,74` is 2.74 when the digits after the comma are not exactly three (`1,000` is a thousand,
+    which normalize already reads) and the gold is a single number: against a gold list such as
+    `{1,2}` the comma separates answers.
+    """
+    if DECIMAL_COMMA.match(pred) and plain_number(gold) is not None:
+        return pred.replace(",", ".")
+    return pred
 
 
 def plain_number(answer: str) -> Decimal | None:

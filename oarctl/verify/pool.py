@@ -1,25 +1,29 @@
 """A process pool with a hard per-item timeout and memory cap, for untrusted symbolic work.
 
-Each worker is a spawned process (no forked torch or thread state) that caps its own address
-space, then serves one item at a time over a pipe. An item that runs past its deadline gets its
-worker killed; a worker that dies (segfault, out of memory) is detected by its closed pipe. Either
-way the item gets an outcome, a fresh worker takes the slot, and the batch goes on. Workers start
+Each worker is a fresh interpreter, `python -m oarctl.verify.worker` (no forked torch or thread
+state, and the caller's main module is never imported, so plain scripts, `python -` and notebooks
+work), that caps its own address space, then serves one item at a time over a socket pair. An
+item that runs past its deadline gets its worker killed; a worker that dies (segfault, out of
+memory) is detected by its closed socket. Either way the item gets an outcome, a fresh worker takes
+the slot, and the batch goes on. Workers start
 lazily on the first item and stop on `close()` (context manager, and atexit as a last resort).
 """
 from __future__ import annotations
 
 import atexit
-import multiprocessing
 import os
-import resource
-import signal
+import socket
+import subprocess
+import sys
 import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, Callable
 
+import oarctl
 from oarctl.errors import OarError
 
 STARTUP_SECONDS = 60.0  # importing the engine in a fresh process, on a busy machine
@@ -33,58 +37,72 @@ class Outcome:
     latency_ms: float
 
 
-def _serve(connection, function: Callable, memory_bytes: int) -> None:
-    """Worker main loop: one item in, one ("ok" | "error", value) out."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    connection.send("ready")
-    while True:
-        try:
-            item = connection.recv()
-        except EOFError:
-            return
-        try:
-            connection.send(("ok", function(item)))
-        except BaseException as error:  # noqa: BLE001 - any failure of untrusted input is a verdict
-            connection.send(("error", f"{type(error).__name__}: {str(error)[:200]}"))
-
-
 def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _function_reference(function: Callable | str) -> tuple[str, str]:
+    """(module, qualified name): what a worker imports, since it shares no memory with this process.
+    A "module:name" string names the function without importing it here."""
+    if isinstance(function, str):
+        module, _, name = function.partition(":")
+        return module, name
+    module, name = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
+    if not module or module == "__main__" or "<" in name:
+        raise OarError(f"verify pool: {name or function!r} must be a module-level function of an importable "
+                       "module (a worker never imports the caller's main script)")
+    return module, name
+
+
+# The folder holding this very oarctl: the workers' working directory, hence the first entry of
+# their sys.path under `-m`, so they run this code and not another copy found in the caller's folder.
+OARCTL_ROOT = str(Path(oarctl.__file__).resolve().parent.parent)
+
+
 class _Worker:
-    def __init__(self, context, function: Callable, memory_bytes: int):
-        self.connection, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child, function, memory_bytes), daemon=True)
-        self.process.start()
+    def __init__(self, reference: tuple[str, str], memory_bytes: int):
+        if not sys.executable:
+            raise OarError("verify pool: no Python executable to start workers with (sys.executable is empty)")
+        ours, theirs = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "oarctl.verify.worker", str(theirs.fileno())], pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, cwd=OARCTL_ROOT, close_fds=True)
+        theirs.close()
+        self.connection = Connection(ours.detach())
+        # absolute, since the worker runs in another folder ('' is this process's working directory)
+        self.connection.send((*reference, [os.path.abspath(p) for p in sys.path], memory_bytes))
         self.started = time.perf_counter()
-        child.close()
 
     def confirm_ready(self) -> None:
         """Read the start-up message once the connection is readable; a worker that died instead
-        (an import error, a bad main module under spawn) makes the whole pool unusable."""
+        (an import error: its traceback is on stderr) makes the whole pool unusable."""
         try:
             message = self.connection.recv()
         except (EOFError, OSError):
             message = None
         if message != "ready":
             self.stop()
-            raise OarError(f"verify worker failed to start (exit code {self.process.exitcode})")
+            raise OarError(f"verify worker failed to start (exit code {self.process.returncode})")
 
     def stop(self) -> None:
-        if self.process.is_alive():
+        if self.process.poll() is None:
             self.process.kill()
-        self.process.join()
+        self.process.wait()
         self.connection.close()
+
+    def exit_code(self, grace: float = 1.0) -> int | None:
+        """The exit code of a worker whose pipe closed (negative: killed by that signal)."""
+        try:
+            return self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            return None
 
 
 class WorkerPool:
-    def __init__(self, function: Callable, *, workers: int, timeout: float, memory_mb: int):
-        self.function, self.timeout = function, timeout
+    def __init__(self, function: Callable | str, *, workers: int, timeout: float, memory_mb: int):
+        self.reference, self.timeout = _function_reference(function), timeout
         self.size = workers or available_cores()
         self.memory_bytes = memory_mb * 2 ** 20
-        self._context = multiprocessing.get_context("spawn")
         self._idle: list[_Worker] = []
         self.replaced = 0  # workers killed or found dead, for metrics and tests
         _LIVE_POOLS.add(self)
@@ -111,7 +129,7 @@ class WorkerPool:
         try:
             while pending or busy:
                 for _ in range(min(capacity - len(free) - len(busy) - len(starting), len(pending))):
-                    worker = _Worker(self._context, self.function, self.memory_bytes)
+                    worker = _Worker(self.reference, self.memory_bytes)
                     starting[worker.connection] = worker
                 while free and pending:
                     worker, index = free.pop(), pending.popleft()
@@ -141,8 +159,7 @@ class WorkerPool:
                 status, value = connection.recv()
                 free.append(worker)
             except (EOFError, OSError):
-                worker.process.join(1.0)
-                status, value = "error", f"worker died (exit code {worker.process.exitcode})"
+                status, value = "error", f"worker died (exit code {worker.exit_code()})"
                 self._discard(worker)
             outcomes[index] = Outcome(status, value, (time.perf_counter() - started) * 1e3)
         now = time.perf_counter()
