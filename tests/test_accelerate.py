@@ -124,6 +124,8 @@ def test_two_processes_train_the_weights_of_one(first_update, batch, tiny_policy
     assert difference < 1e-5
     assert moments < 1e-6
     assert json.loads((double / "optimizer.json").read_text()) == json.loads((single / "optimizer.json").read_text())
+    assert sorted(p.name for p in double.iterdir()) == sorted(p.name for p in single.iterdir())  # FSDP's rank 0
+    assert json.loads((double / "config.json").read_text()) == json.loads((single / "config.json").read_text())
     log_one, log_two = pq.read_table(single / "update.parquet"), pq.read_table(double / "update.parquet")
     assert log_one.column_names == log_two.column_names and log_one.num_rows == log_two.num_rows == 2
     # token means inside a micro-batch (entropy, ratio_mean, clip_fraction) are logged with sequence

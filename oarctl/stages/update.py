@@ -20,7 +20,9 @@ single-process gradient. Ranks pad with zero-weight micro-batches to the same co
 gather parameters in every forward). Only rank 0 writes the checkpoint, update.parquet and the
 manifest. Without a launcher (one process, `bf16` off) no Accelerator is made and the bytes are
 those of a plain PyTorch loop. Under FSDP/ZeRO-3 the full weights are gathered on rank 0 for the
-safetensors save (16-bit under ZeRO-3); the KL reference model is replicated, not sharded.
+safetensors save (16-bit under ZeRO-3), into a model built on the meta device that takes the gathered
+tensors as they are (no second read of the checkpoint, no second copy); the KL reference model is
+replicated, not sharded.
 AdamW state under FSDP: the full (unsharded) state is gathered to rank 0's CPU and saved in the same
 files as without FSDP, so FSDP, DDP and one process continue each other's checkpoints; loading, rank 0
 reads it and torch scatters it into the shards after `prepare`. Rank 0 then holds the full state in CPU
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -240,9 +243,27 @@ def _trained(model, tokenizer, optimizer, names: list[str], context: StageContex
         return None
     if not sharded(accelerator):
         return accelerator.unwrap_model(model), tokenizer, optimizer_state, names
-    plain, _ = load_policy(context.policy.path)  # a plain copy to hold the gathered full weights
-    plain.load_state_dict(state_dict)
-    return plain, tokenizer, optimizer_state, names
+    return _plain_model(context.policy.path, state_dict), tokenizer, optimizer_state, names
+
+
+def _plain_model(path, state_dict: dict):
+    """An unwrapped model holding the gathered full weights, for save_pretrained: built on the meta device
+    and given the gathered tensors themselves (assign), so rank 0 neither reads the checkpoint again nor
+    holds a second copy of the weights; the output layer is tied again where the config ties it."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = plain.load_state_dict(state_dict, strict=False, assign=True)
+    plain.tie_weights()
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"gathered weights do not fit {path}: missing {sorted(set(missing) - tied)}, "
+                           f"unexpected {sorted(unexpected)}")
+    if (Path(path) / "generation_config.json").exists():
+        plain.generation_config = GenerationConfig.from_pretrained(path)
+    return plain
 
 
 def _prepare(model, reference, config, context: StageContext, accelerator, accumulation: int):
