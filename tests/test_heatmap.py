@@ -11,7 +11,7 @@ import pytest
 
 from oarctl.report.heatmap import (NEUTRAL_HTML, UNDERLINE, colour_scale, luminance, render_ansi, render_html,
                                    render_plain)
-from oarctl.stages.reshape import concentration_metrics, effective_tokens, top_mass_share
+from oarctl.reshaping import concentration_metrics, effective_tokens, top_mass_share
 
 NAN = float("nan")
 # The embedded toy policy writes reasoning before its answer (the tiny test policy answers at once,
