@@ -147,7 +147,7 @@ def why_stale(output: Path, parts: dict) -> str | None:
     return "changed: " + ", ".join(changed or ["key"])
 
 
-def _write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, output_hash: str | None) -> dict:
+def write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, output_hash: str | None) -> dict:
     manifest = {"stage": parts["stage"], "key": _canonical_hash(parts), "key_parts": parts,
                 "output_sha256": output_hash, "metrics": metrics, "wall_seconds": round(seconds, 3),
                 "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -191,7 +191,7 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
     except InputError as error:  # a problem of one row of the input: name the file
         raise OarError(f"{' + '.join(map(str, input_paths.values()))}: {error}") from None
     output_hash = _write_outputs(stage, result, output) if is_main_process() else None
-    return _write_manifest(output, parts, result.metrics, time.perf_counter() - started, output_hash), True
+    return write_manifest(output, parts, result.metrics, time.perf_counter() - started, output_hash), True
 
 
 def require_complete(output: Path) -> dict:
