@@ -57,15 +57,14 @@ TRL_OWNED = {"estimator": "the sequence advantage is TRL's GRPO advantage",
              "dtype": "attribution runs in the dtype of the model TRL trains"}
 
 
-def oar_config(attribution, seed: int = 0) -> Config:
+def oar_config(attribution) -> Config:
     """An oarctl Config whose attribute / reshape sections hold `attribution`: a method name, or a dict of
     attribute / reshape options (`method`, `oar_g_mode`, `quantile`, ... or `reshape.beta`). Validated
     like a config file; a bad option is a one-line OarError naming it."""
-    config = Config()
-    config.run.seed = seed
-    options = {"method": attribution} if isinstance(attribution, str) else dict(attribution or {})
     if not isinstance(attribution, (str, dict)):
         raise OarError(f"attribution: expected a method name or a dict of options, got {type(attribution).__name__}")
+    config = Config()
+    options = {"method": attribution} if isinstance(attribution, str) else attribution
     for name, value in options.items():
         section, key = _section_of(str(name))
         set_option(config, section, key, value, "attribution")
@@ -105,8 +104,10 @@ class OARGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, attribution="oar_g", oar_log_dir: str | None = None, **kwargs):
         _refuse_options(kwargs)
+        oar = oar_config(attribution)  # a bad option fails before TRL loads the model
         super().__init__(*args, **kwargs)
-        self.oar = oar_config(attribution, self.args.seed)
+        oar.run.seed = self.args.seed  # seeds OAR-G's noise, as run.seed does in `oarctl run`
+        self.oar = oar
         self._refuse_setup()
         self.oar_log = StepLog(oar_log_dir, self.oar, self) if oar_log_dir else None
         self._oar_batch: dict = {}
@@ -208,15 +209,16 @@ class OARGRPOTrainer(GRPOTrainer):
 
     @contextlib.contextmanager
     def _attribution_model(self):
-        """The policy as TRL's own generation sees it (unwrapped, ZeRO-3 weights gathered), in eval mode;
-        methods take gradients only with respect to embeddings (torch.autograd.grad)."""
+        """The policy as TRL's own generation gets it (unwrapped, ZeRO-3 weights gathered), in eval mode and in
+        its weights' dtype; methods take gradients only with respect to embeddings (torch.autograd.grad)."""
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
                                          gather_deepspeed3_params=self.args.ds3_gather_for_generation,
                                          gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as model:
             was_training = model.training
             model.eval()
             try:
-                yield model
+                with _without_autocast(model):
+                    yield model
             finally:
                 model.train(was_training)
 
@@ -253,6 +255,19 @@ class OARGRPOTrainer(GRPOTrainer):
                     batch_size=self.args.per_device_train_batch_size)
         lengths = [len(ids) for ids in self._oar_batch["completion_ids"]]
         return [torch.nan_to_num(values[:length].float(), nan=0.0).tolist() for values, length in zip(logprobs, lengths)]
+
+
+@contextlib.contextmanager
+def _without_autocast(model):
+    """accelerate's mixed precision (GRPOConfig bf16 / fp16) replaces `model.forward` by an autocast wrapper, an
+    instance attribute. Attribution calls the class's forward instead, so it scores in the weights' dtype as
+    `oarctl attribute` does: OAR-G's 1e-3 embedding noise is below bfloat16's resolution."""
+    wrapper = model.__dict__.pop("forward", None)
+    try:
+        yield
+    finally:
+        if wrapper is not None:
+            model.forward = wrapper
 
 
 def _refuse_options(kwargs: dict) -> None:
