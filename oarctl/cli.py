@@ -160,12 +160,13 @@ def show(path: Path, rows: int = typer.Option(5, "--rows", "-n", help="rows to p
                                           "(default: weight for advantages files, score for attributions)"),
          policy: Optional[Path] = typer.Option(None, "--policy", help="tokenizer folder for decoding "
                                                "(default: the run's policy.path, else the toy policy)"),
-         no_color: bool = typer.Option(False, "--no-color", help="plain `token[value]` text, for pipes")):
+         color: Optional[bool] = typer.Option(None, "--color/--no-color", help="colour the heatmap (default: only "
+                                              "on a terminal and without NO_COLOR; --color for `| less -R`)")):
     """Print an artifact's schema, row count and first rows (or a manifest / metrics file)."""
     if row is not None:
-        from oarctl.report.tokens import show_row
-        # color=True: keep the escapes even through a pipe (`| less -R`); --no-color is the plain form
-        typer.echo(show_row(path, row, by, policy, color=not no_color), color=not no_color)
+        from oarctl.report.tokens import show_row, wants_color
+        color = wants_color(color, sys.stdout)
+        typer.echo(show_row(path, row, by, policy, color=color), color=color)
         return
     from oarctl.inspect import show_file
     typer.echo(show_file(path, rows))
