@@ -213,8 +213,9 @@ def status(run_dir: Path, config: Optional[Path] = ConfigOption, set: Optional[L
 def fidelity(verified: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
              sample_size: Optional[int] = typer.Option(None, "--sample", help="rollouts drawn (fidelity.sample)"),
              methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated (fidelity.methods)"),
-             config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
-    """Recall of each method's top-K% tokens against a counterfactual oracle -> fidelity (+ .md, .png)."""
+             config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption, force: bool = ForceOption):
+    """Recall of each method's top-K% tokens against a counterfactual oracle -> fidelity (+ .md, .png).
+    Cached like a stage: the same input, policy and options reuse the finished output."""
     from oarctl.fidelity import run_fidelity
     from oarctl.pipeline import resolve_policy_path
 
@@ -228,8 +229,9 @@ def fidelity(verified: Path, output: Path = OutputOption, policy: Optional[Path]
         overrides.append(f"fidelity.methods=[{', '.join(names)}]")
     settings = _config(config, overrides)
     policy_path = Path(policy) if policy else resolve_policy_path(settings.policy.path)
-    typer.echo(run_fidelity(verified, output, settings, policy_path, log=_log))
-    typer.echo(f"wrote {output}, {output.with_suffix('.md')}, {output.with_suffix('.png')}")
+    report, ran = run_fidelity(verified, output, settings, policy_path, log=_log, force=force)
+    typer.echo(report)
+    typer.echo(f"{'wrote' if ran else 'up to date'} {output}, {output.with_suffix('.md')}, {output.with_suffix('.png')}")
 
 
 @app.command("config")

@@ -105,14 +105,14 @@ def _canonical_hash(document: dict) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _input_hash(path: Path) -> str:
+def input_hash(path: Path) -> str:
     if not path.is_file():
         raise OarError(f"{path}: {'is a directory, expected a Parquet file' if path.is_dir() else 'file not found'}")
     return sha256_file(path)
 
 
 def key_parts(stage, section: dict, input_paths: dict[str, Path], context: StageContext) -> dict:
-    inputs = {name: _input_hash(path) for name, path in sorted(input_paths.items())}
+    inputs = {name: input_hash(path) for name, path in sorted(input_paths.items())}
     if context.policy is not None:
         inputs["policy"] = context.policy.identity
         if context.policy.backend != "transformers":  # other samples, same policy: keys of old runs unchanged

@@ -155,6 +155,11 @@ class OARGRPOTrainer(GRPOTrainer):
             self.oar_log.write(self.state.global_step, rows, seconds, self._metrics[mode])
         return output
 
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        super().log(logs, start_time)  # TRL adds its averaged metrics to `logs`
+        if self.oar_log is not None and self.accelerator.is_main_process and self.model.training:
+            self.oar_log.add_update_metrics(logs)
+
     # ---- the OAR computation on this process's rows ----------------------------------------------
 
     def _local_batch(self, inputs, advantages: torch.Tensor) -> dict:

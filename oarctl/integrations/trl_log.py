@@ -34,6 +34,9 @@ from oarctl.errors import OarError
 TRL_VERSIONS = ("1.16", "2")  # supported: >= first, < second (pyproject's `trl` extra says the same)
 TRL_ADVANTAGE_EPS = 1e-4  # TRL divides by std + 1e-4
 VERSION = "1"
+# TRL log key -> metrics.jsonl key (the names of `oarctl run`'s update stage)
+UPDATE_METRICS = {"loss": "update/loss", "entropy": "update/entropy", "kl": "update/kl",
+                  "clip_ratio/region_mean": "update/clip_fraction", "grad_norm": "update/grad_norm"}
 
 
 def check_trl_version() -> None:
@@ -134,6 +137,16 @@ class StepLog:
         self.lines = [line for line in self.lines if line.get("kind") != "step" or line["step"] < step]
         self.lines.append({"kind": "step", "step": step, **metrics})
         write_bytes_atomically(self.folder / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in self.lines))
+
+    def add_update_metrics(self, logs: dict) -> None:
+        """TRL's loss-side metrics (logged after the update) join the last step line, under the names
+        `oarctl report` plots."""
+        found = {ours: float(logs[theirs]) for theirs, ours in UPDATE_METRICS.items()
+                 if isinstance(logs.get(theirs), (int, float))}
+        steps = [line for line in self.lines if line.get("kind") == "step"]
+        if found and steps:
+            steps[-1].update(found)
+            write_bytes_atomically(self.folder / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in self.lines))
 
     def _metrics(self, step: int, rows: list[dict], seconds: float, trl_metrics: dict) -> dict:
         rewards = [row["reward"] for row in rows]
