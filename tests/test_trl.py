@@ -211,3 +211,20 @@ def test_two_processes_give_the_token_advantages_of_one(tiny_policy, signal_data
         np.testing.assert_allclose(b["token_advantages"], a["token_advantages"], rtol=1e-4, atol=1e-6,
                                    err_msg=f"row {row}")
     assert len({r["prompt_id"] for r in two}) == 2 and any(np.ptp(r["token_weights"]) > 0.1 for r in two)
+
+
+def test_wandb_offline_gets_trl_and_oar_metrics(tiny_policy, signal_data, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from wandb_files import offline_history
+
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
+                        "WANDB_DIR": str(tmp_path), "WANDB_PROJECT": "oarctl-test"}.items():
+        monkeypatch.setenv(name, value)
+    trainer, _, _ = _train(OARGRPOTrainer, tiny_policy, signal_data["train"], tmp_path / "trl", attribution="oar_g",
+                           report_to=["wandb"], max_steps=2)
+    wandb.finish()  # transformers leaves the run open; finishing it flushes the run file
+    (history,) = offline_history(tmp_path / "wandb")
+    logged = {key: value for row in history for key, value in row.items()}
+    expected = [line for line in trainer.state.log_history if "loss" in line][-1]
+    for name in ("oar/attribution_seconds", "oar/top10_mass_share", "oar/effective_tokens", "loss"):
+        assert logged[f"train/{name}"] == pytest.approx(expected[name])
