@@ -231,7 +231,8 @@ def fidelity(verified: Path, output: Path = OutputOption, policy: Optional[Path]
     policy_path = Path(policy) if policy else resolve_policy_path(settings.policy.path)
     report, ran = run_fidelity(verified, output, settings, policy_path, log=_log, force=force)
     typer.echo(report)
-    typer.echo(f"{'wrote' if ran else 'up to date'} {output}, {output.with_suffix('.md')}, {output.with_suffix('.png')}")
+    files = f"{output}, {output.with_suffix('.md')}, {output.with_suffix('.png')}"
+    typer.echo(f"{'wrote' if ran else 'up to date'} {files}")
 
 
 @app.command("config")

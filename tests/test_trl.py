@@ -98,8 +98,9 @@ def _oarctl_advantages(log_dir: Path, policy: Path, out: Path) -> list[list[floa
     from oarctl.pipeline import run_stage
 
     config = load_config(log_dir / "config.yaml")
-    run_stage("attribute", config, {"verified": log_dir / "step_0000" / "advantages.parquet"}, out / "attributions.parquet",
-              step=0, policy_path=policy, log=lambda _: None)
+    rollouts = log_dir / "step_0000" / "advantages.parquet"  # a superset of the verified table
+    run_stage("attribute", config, {"verified": rollouts}, out / "attributions.parquet", step=0, policy_path=policy,
+              log=lambda _: None)
     run_stage("reshape", config, {"attributions": out / "attributions.parquet"}, out / "advantages.parquet",
               log=lambda _: None)
     return pq.read_table(out / "advantages.parquet")["token_advantages"].to_pylist()
@@ -151,6 +152,11 @@ def test_artifacts_open_with_show_report_and_fidelity(oar_runs, tiny_policy, cli
     assert (log_dir / "step_0000" / "advantages.parquet.manifest.json").is_file()
     shown = cli("show", artifact, "--row", "0", "--no-color")
     assert shown.exit_code == 0 and "boxed" in shown.stdout, shown.stderr
+    import json
+
+    (line,) = [json.loads(x) for x in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    assert line["step"] == 0 and {"verify/reward_mean", "reshape/top10_mass_share", "attribute/seconds",
+                                  "update/entropy", "update/loss"} <= set(line)
     report = cli("report", log_dir)
     assert report.exit_code == 0 and (log_dir / "report.html").is_file(), report.stderr
     assert "Token credit (step_0000/advantages.parquet)" in (log_dir / "report.html").read_text()
@@ -164,7 +170,8 @@ def test_artifacts_open_with_show_report_and_fidelity(oar_runs, tiny_policy, cli
 
 @pytest.mark.parametrize("attribution, named", [
     ("nope", "attribute.method"), ({"quantile": 2.0}, "reshape.quantile"), ({"scale": "batch"}, "'scale'"),
-    ({"typo": 1}, "'typo'"), (["oar_g"], "attribution")])
+    ({"typo": 1}, "'typo'"), (["oar_g"], "attribution"), ({"update.learning_rate": 1.0}, "'update.learning_rate'"),
+    ({"reshape.beta": "big"}, "reshape.beta")])
 def test_bad_attribution_options_name_the_option(tiny_policy, signal_data, tmp_path, attribution, named):
     with pytest.raises(OarError, match=named) as caught:
         OARGRPOTrainer(model=str(tiny_policy), reward_funcs=boxed_reward, args=grpo_args(tmp_path),
@@ -204,7 +211,8 @@ def test_two_processes_give_the_token_advantages_of_one(tiny_policy, signal_data
     assert launched.returncode == 0, launched.stderr[-3000:]
     _train(OARGRPOTrainer, tiny_policy, signal_data["train"], tmp_path / "trl", attribution="oar_g",
            log_dir=tmp_path / "one")
-    one, two = (pq.read_table(tmp_path / name / "step_0000" / "advantages.parquet").to_pylist() for name in ("one", "two"))
+    one, two = (pq.read_table(tmp_path / name / "step_0000" / "advantages.parquet").to_pylist()
+                for name in ("one", "two"))
     assert len(one) == len(two) == 8
     for row, (a, b) in enumerate(zip(one, two)):
         assert (a["prompt_token_ids"], a["response_token_ids"]) == (b["prompt_token_ids"], b["response_token_ids"])

@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -76,22 +77,30 @@ def _section_of(name: str) -> tuple[str, str]:
     section, dot, key = name.rpartition(".")
     if key in TRL_OWNED:
         raise OarError(f"attribution: option {name!r} is not used with TRL ({TRL_OWNED[key]})")
+    if dot and section not in ("attribute", "reshape"):
+        raise OarError(f"attribution: option {name!r}: only attribute.* and reshape.* options apply (the rest is "
+                       f"TRL's GRPOConfig)")
     if dot:
         return section, key
     for section, cls in (("attribute", AttributeConfig), ("reshape", ReshapeConfig)):
         if key in {f.name for f in dataclasses.fields(cls)}:
             return section, key
+    known = [f.name for f in dataclasses.fields(AttributeConfig) + dataclasses.fields(ReshapeConfig)]
     raise OarError(f"attribution: unknown option {name!r}; options: "
-                   f"{', '.join(f.name for f in dataclasses.fields(AttributeConfig) + dataclasses.fields(ReshapeConfig) if f.name not in TRL_OWNED)}")
+                   f"{', '.join(option for option in known if option not in TRL_OWNED)}")
 
 
 @dataclass
 class _LivePolicy:
-    """The trainer's current model in the shape attribution methods load a policy (`load()`)."""
-    model: object
+    """The trainer's current model in the shape attribution methods load a policy (`load()`). The model is
+    prepared on the first `load()`: methods that need none (uniform, random) never unwrap or gather it."""
+    prepare: Callable[[], object]
     tokenizer: object
+    model: object = None
 
     def load(self):
+        if self.model is None:
+            self.model = self.prepare()
         return self.model, self.tokenizer
 
     def load_tokenizer(self):
@@ -165,7 +174,8 @@ class OARGRPOTrainer(GRPOTrainer):
     def _local_batch(self, inputs, advantages: torch.Tensor) -> dict:
         """This process's rows as an oarctl table (rows keep their index in the global batch)."""
         captured = self._oar_batch
-        count, offset = len(captured["completion_ids"]), self.accelerator.process_index * len(captured["completion_ids"])
+        count = len(captured["completion_ids"])
+        offset = self.accelerator.process_index * count  # TRL's process_slice
         rewards = captured["rewards"]
         global_rows = range(offset, offset + count)
         table = pa.table({
@@ -182,8 +192,10 @@ class OARGRPOTrainer(GRPOTrainer):
                 "inputs": inputs, "offset": offset}
 
     def _group_id(self, global_row: int) -> str:
-        """TRL's groups: `num_generations` consecutive rows of the global batch share a prompt."""
-        return f"step{self.state.global_step:06d}-group{global_row // self.num_generations:05d}"
+        """TRL's groups: `num_generations` (in evaluation `num_generations_eval`) consecutive rows of the
+        global batch share a prompt."""
+        size = self.num_generations if self.model.training else self.num_generations_eval
+        return f"step{self.state.global_step:06d}-group{global_row // size:05d}"
 
     def _token_advantages(self, batch: dict, width: int) -> torch.Tensor:
         """(B, width) advantages: TRL's sequence advantage x Bi-Level weight, aligned with completion_ids."""
@@ -204,9 +216,9 @@ class OARGRPOTrainer(GRPOTrainer):
         if not scored:
             return scores
         method = ATTRIBUTION_METHODS.get(self.oar.attribute.method)
-        with self._attribution_model() as model:
-            context = StageContext(seed=self.args.seed, step=self.state.global_step,
-                                   policy=_LivePolicy(model, self.processing_class))
+        with contextlib.ExitStack() as stack:
+            policy = _LivePolicy(lambda: stack.enter_context(self._attribution_model()), self.processing_class)
+            context = StageContext(seed=self.args.seed, step=self.state.global_step, policy=policy)
             for row, values in zip(scored, method([rollouts[i] for i in scored], batch["table"].take(scored),
                                                   self.oar.attribute, context)):
                 scores[row] = np.asarray(values, dtype=np.float32)
@@ -216,9 +228,10 @@ class OARGRPOTrainer(GRPOTrainer):
     def _attribution_model(self):
         """The policy as TRL's own generation gets it (unwrapped, ZeRO-3 weights gathered), in eval mode and in
         its weights' dtype; methods take gradients only with respect to embeddings (torch.autograd.grad)."""
+        settings = self.args
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                         gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                                         gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as model:
+                                         gather_deepspeed3_params=settings.ds3_gather_for_generation,
+                                         gradient_checkpointing_kwargs=settings.gradient_checkpointing_kwargs) as model:
             was_training = model.training
             model.eval()
             try:
@@ -259,7 +272,8 @@ class OARGRPOTrainer(GRPOTrainer):
                     self.model, prompt_completion, mask, output["completion_ids"].shape[1],
                     batch_size=self.args.per_device_train_batch_size)
         lengths = [len(ids) for ids in self._oar_batch["completion_ids"]]
-        return [torch.nan_to_num(values[:length].float(), nan=0.0).tolist() for values, length in zip(logprobs, lengths)]
+        return [torch.nan_to_num(values[:length].float(), nan=0.0).tolist()  # vLLM marks unscored tokens NaN
+                for values, length in zip(logprobs, lengths)]
 
 
 @contextlib.contextmanager
