@@ -156,7 +156,7 @@ class OARGRPOTrainer(GRPOTrainer):
         output["advantages"] = self._token_advantages(batch, output["completion_ids"].shape[1])
         seconds = self._slowest(time.perf_counter() - started)
         self._metrics[mode]["oar/attribution_seconds"].append(seconds)
-        rows = self._gather_rows(batch, output)
+        rows = self._gather_rows(batch, output, artifact=self.oar_log is not None and mode == "train")
         for name, value in concentration_metrics([r["reasoning_weights"] for r in rows],
                                                  np.array([r["advantage"] for r in rows])).items():
             self._metrics[mode][f"oar/{name}"].append(value)
@@ -246,10 +246,11 @@ class OARGRPOTrainer(GRPOTrainer):
 
     # ---- every process's rows, for metrics and artifacts -----------------------------------------
 
-    def _gather_rows(self, batch: dict, output: dict) -> list[dict]:
+    def _gather_rows(self, batch: dict, output: dict, artifact: bool) -> list[dict]:
+        """Every process's rows in global order: weights for the metrics, with `artifact` all the columns."""
         from accelerate.utils import gather_object
 
-        logprobs = self._response_logprobs(output) if self.oar_log is not None else None
+        logprobs = self._response_logprobs(output) if artifact else None
         rows = []
         for index, rollout in enumerate(batch["rollouts"]):
             weights = batch["weights"][index]
