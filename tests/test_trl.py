@@ -236,3 +236,15 @@ def test_wandb_offline_gets_trl_and_oar_metrics(tiny_policy, signal_data, tmp_pa
     expected = [line for line in trainer.state.log_history if "loss" in line][-1]
     for name in ("oar/attribution_seconds", "oar/top10_mass_share", "oar/effective_tokens", "loss"):
         assert logged[f"train/{name}"] == pytest.approx(expected[name])
+
+
+def test_the_example_trains_and_its_artifacts_open(cli, tmp_path):
+    """examples/trl_oar.py, shrunk to 2 steps of 2 prompts (the README measures the full 20 steps)."""
+    out = tmp_path / "trl-oar"
+    finished = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_oar.py"), "--steps", "2",
+                               "--prompts-per-step", "2", "--out", str(out)], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "2 steps in" in finished.stdout
+    assert cli("show", out / "step_0001" / "advantages.parquet", "--row", "0").exit_code == 0
+    assert cli("report", out).exit_code == 0 and (out / "report.html").is_file()

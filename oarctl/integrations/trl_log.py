@@ -4,7 +4,8 @@ folder, so `oarctl show --row`, `oarctl report` and `oarctl fidelity` read them:
     OAR_LOG_DIR/config.yaml         oarctl config: the attribute / reshape sections used, run.seed, reshape.scale
                                     and eps as TRL's advantage has them, policy.path = tokenizer/
     OAR_LOG_DIR/tokenizer/          the policy's tokenizer (decodes the heatmaps)
-    OAR_LOG_DIR/metrics.jsonl       one `step` line per generated batch (verify/, sample/, reshape/, attribute/)
+    OAR_LOG_DIR/metrics.jsonl       one `step` line per generated batch (verify/, sample/, reshape/, attribute/;
+                                    update/ from TRL's next log, averaged over its logging_steps)
     OAR_LOG_DIR/step_NNNN/advantages.parquet (+ .manifest.json)   NNNN = TRL's global step at generation
 
 Rows are the whole batch (every process's completions, in TRL's order). `reward` is TRL's total reward,
