@@ -1,5 +1,6 @@
 # Two commands a new user needs: `make demo` and `make test`. Both create (or reuse) .venv and
 # install what they need first. torch is pinned in pyproject.toml to the CPU build kept on disk.
+# The dev extra brings TRL (tests/test_trl.py), wandb, tensorboard, polars and duckdb.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

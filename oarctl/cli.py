@@ -160,12 +160,13 @@ def show(path: Path, rows: int = typer.Option(5, "--rows", "-n", help="rows to p
                                           "(default: weight for advantages files, score for attributions)"),
          policy: Optional[Path] = typer.Option(None, "--policy", help="tokenizer folder for decoding "
                                                "(default: the run's policy.path, else the toy policy)"),
-         no_color: bool = typer.Option(False, "--no-color", help="plain `token[value]` text, for pipes")):
+         color: Optional[bool] = typer.Option(None, "--color/--no-color", help="colour the heatmap (default: only "
+                                              "on a terminal and without NO_COLOR; --color for `| less -R`)")):
     """Print an artifact's schema, row count and first rows (or a manifest / metrics file)."""
     if row is not None:
-        from oarctl.report.tokens import show_row
-        # color=True: keep the escapes even through a pipe (`| less -R`); --no-color is the plain form
-        typer.echo(show_row(path, row, by, policy, color=not no_color), color=not no_color)
+        from oarctl.report.tokens import show_row, wants_color
+        color = wants_color(color, sys.stdout)
+        typer.echo(show_row(path, row, by, policy, color=color), color=color)
         return
     from oarctl.inspect import show_file
     typer.echo(show_file(path, rows))
@@ -212,8 +213,9 @@ def status(run_dir: Path, config: Optional[Path] = ConfigOption, set: Optional[L
 def fidelity(verified: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
              sample_size: Optional[int] = typer.Option(None, "--sample", help="rollouts drawn (fidelity.sample)"),
              methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated (fidelity.methods)"),
-             config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
-    """Recall of each method's top-K% tokens against a counterfactual oracle -> fidelity (+ .md, .png)."""
+             config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption, force: bool = ForceOption):
+    """Recall of each method's top-K% tokens against a counterfactual oracle -> fidelity (+ .md, .png).
+    Cached like a stage: the same input, policy and options reuse the finished output."""
     from oarctl.fidelity import run_fidelity
     from oarctl.pipeline import resolve_policy_path
 
@@ -227,8 +229,10 @@ def fidelity(verified: Path, output: Path = OutputOption, policy: Optional[Path]
         overrides.append(f"fidelity.methods=[{', '.join(names)}]")
     settings = _config(config, overrides)
     policy_path = Path(policy) if policy else resolve_policy_path(settings.policy.path)
-    typer.echo(run_fidelity(verified, output, settings, policy_path, log=_log))
-    typer.echo(f"wrote {output}, {output.with_suffix('.md')}, {output.with_suffix('.png')}")
+    report, ran = run_fidelity(verified, output, settings, policy_path, log=_log, force=force)
+    typer.echo(report)
+    files = f"{output}, {output.with_suffix('.md')}, {output.with_suffix('.png')}"
+    typer.echo(f"{'wrote' if ran else 'up to date'} {files}")
 
 
 @app.command("config")

@@ -250,6 +250,11 @@ def _apply(config: Config, section: str, key: str, value, where: str) -> None:
     setattr(part, key, _coerce(value, hints[key], f"{where}: {section}.{key}"))
 
 
+def set_option(config: Config, section: str, key: str, value, where: str) -> None:
+    """Set one option as a config file would (type checked, unknown names refused); call `validate` after."""
+    _apply(config, section, key, value, where)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file, then `section.key=value` overrides (values parsed as YAML)."""
     config = Config()

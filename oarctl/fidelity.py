@@ -327,8 +327,42 @@ def _header(path: Path, policy_path: Path, config, cases, causal, rewards, secon
             f"- time: oracle {seconds['oracle']:.1f} s, methods {seconds['methods']:.1f} s"]
 
 
-def run_fidelity(input_path: Path, output: Path, config, policy_path: Path, log=print) -> str:
-    """The whole command: oracle, method scores, Parquet + markdown + PNG. Returns the markdown."""
+VERSION = "1"
+
+
+def fidelity_key(input_path: Path, config, policy_path: Path) -> dict:
+    """The cache key of `oarctl fidelity`, as the runner keys a stage: what it reads and the options that
+    change its result (the fidelity, verify and attribute sections, the seed that draws the rollouts)."""
+    from oarctl.checkpoints import policy_identity
+    from oarctl.config import section_dict
+    from oarctl.runner import input_hash
+
+    sections = {name: section_dict(config, name) for name in ("fidelity", "verify", "attribute")}
+    sections["attribute"].pop("accelerate_config", None)  # how a stage is launched, not what it computes
+    return {"stage": "fidelity", "version": VERSION, "config": sections, "seed": config.run.seed, "step": 0,
+            "inputs": {"verified": input_hash(Path(input_path)), "policy": policy_identity(policy_path)}}
+
+
+def run_fidelity(input_path: Path, output: Path, config, policy_path: Path, log=print,
+                 force: bool = False) -> tuple[str, bool]:
+    """The whole command: oracle, method scores, Parquet + markdown + PNG, manifest last.
+    Returns (the markdown, whether it ran): an output whose manifest has the same key is reused."""
+    from oarctl.checkpoints import sha256_file
+    from oarctl.runner import manifest_path, why_stale, write_manifest
+
+    parts = fidelity_key(input_path, config, policy_path)
+    report_path = output.with_suffix(".md")
+    if not force and why_stale(output, parts) is None and report_path.is_file():
+        return report_path.read_text(), False
+    manifest_path(output).unlink(missing_ok=True)  # the old output is no longer vouched for
+    started = time.perf_counter()
+    report, metrics = _measure(input_path, output, config, policy_path, log)
+    write_manifest(output, parts, metrics, time.perf_counter() - started, sha256_file(output))
+    return report, True
+
+
+def _measure(input_path: Path, output: Path, config, policy_path: Path, log) -> tuple[str, dict]:
+    """Oracle, method scores and the three output files; returns (markdown, manifest metrics)."""
     from oarctl.artifacts import make_table, read_artifact, write_parquet
     from oarctl.attribution.oar import segment_rows
     from oarctl.runner import Policy, StageContext
@@ -360,7 +394,8 @@ def run_fidelity(input_path: Path, output: Path, config, policy_path: Path, log=
     result = make_table(fidelity_columns(source_rows, table, causal, scores, section.ks), "fidelity")
     write_parquet(result, output)
     header = _header(input_path, policy_path, config, cases, causal, table["reward"].to_pylist(), seconds)
-    return write_report(result, header, section, output)
+    metrics = {"rollouts": len(cases), "oracle_seconds": seconds["oracle"], "methods_seconds": seconds["methods"]}
+    return write_report(result, header, section, output), metrics
 
 
 def write_report(result, header: list[str], section, output: Path) -> str:

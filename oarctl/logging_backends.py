@@ -5,7 +5,8 @@ writes it whatever the backends), so the `jsonl` entry opens nothing. The others
 metrics of every step line (at x = step) and eval line (at x = steps trained) as run_loop appends
 them. Their packages are optional: a backend asked for without its package is a one-line error
 when the config is loaded, before any stage runs. A resumed run re-sends the lines of finished
-steps (TensorBoard shows them once more; the values are identical).
+steps: the TensorBoard sink skips the (metric, step) points its folder already holds, so each shows
+once; W&B starts a new run on every invocation, which gets the whole history.
 """
 from __future__ import annotations
 
@@ -32,14 +33,28 @@ def check_backends(names: list) -> None:
             raise OarError(f"config: logging.backends: {name} needs the {package!r} package ({install})")
 
 
+def logged_points(folder: Path) -> set[tuple[str, int]]:
+    """(metric, step) of every scalar already in a TensorBoard folder's event files."""
+    if not folder.is_dir():
+        return set()
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={SCALARS: 0})  # 0: keep every point
+    events.Reload()
+    return {(tag, event.step) for tag in events.Tags()[SCALARS] for event in events.Scalars(tag)}
+
+
 class TensorBoardSink:
     def __init__(self, folder: Path):
         from torch.utils.tensorboard import SummaryWriter
+        self.logged = logged_points(folder)  # a resumed run's earlier steps are there already
         self.writer = SummaryWriter(log_dir=str(folder))
 
     def log(self, metrics: dict, step: int) -> None:
         for key, value in metrics.items():
-            self.writer.add_scalar(key, value, global_step=step)
+            if (key, step) not in self.logged:
+                self.writer.add_scalar(key, value, global_step=step)
+                self.logged.add((key, step))
         self.writer.flush()  # a killed run keeps what it logged
 
     def close(self) -> None:

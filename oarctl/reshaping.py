@@ -103,3 +103,45 @@ def bilevel_weights(
         # sum >= 1: the maximum (n = 1 >= tau) always gets a boost >= 1.
         weights = weights * (weights.size / weights.sum())
     return weights.astype(np.float32)
+
+
+def response_weights(scores, reasoning: tuple[int, int], config) -> np.ndarray:
+    """One float32 weight per response token: Bi-Level weights of the reasoning span's scores, 1 on every
+    other token (conclude, answer, closing brace, eos keep the plain advantage). `config` holds
+    quantile, beta, floor and preserve_mass (a ReshapeConfig)."""
+    start, end = reasoning
+    weights = np.ones(len(scores), dtype=np.float32)
+    weights[start:end] = bilevel_weights(np.asarray(scores[start:end], dtype=np.float32), quantile=config.quantile,
+                                         beta=config.beta, floor=config.floor, preserve_mass=config.preserve_mass)
+    return weights
+
+
+def top_mass_share(weights: np.ndarray, share: float = 0.1) -> float:
+    """Share of the reasoning's |token advantage| mass carried by its top `share` tokens by weight.
+
+    |A x w| = |A| x w within one sequence, so |A| cancels: this is a ratio of weights.
+    """
+    count = max(1, int(np.ceil(share * len(weights))))
+    return float(np.sort(weights)[::-1][:count].sum() / weights.sum())
+
+
+def effective_tokens(weights: np.ndarray) -> float:
+    """(sum w)^2 / sum w^2: R for uniform weights, 1 when one token carries everything."""
+    return float(weights.sum(dtype=np.float64) ** 2 / np.square(weights, dtype=np.float64).sum())
+
+
+def concentration_metrics(weights: list[np.ndarray], advantages: np.ndarray) -> dict:
+    """How concentrated credit is, over reasoning spans with positive total weight.
+
+    top10_mass_share only counts sequences with nonzero advantage (others carry no credit at all);
+    a metric with no sequence to average over is left out rather than reported as 0.
+    """
+    spans = [(w, a) for w, a in zip(weights, advantages) if len(w) and w.sum() > 0]
+    metrics = {}
+    shares = [top_mass_share(w) for w, a in spans if a != 0]
+    if shares:
+        metrics["top10_mass_share"] = float(np.mean(shares))
+    if spans:
+        metrics["effective_tokens"] = float(np.mean([effective_tokens(w) for w, _ in spans]))
+        metrics["effective_token_fraction"] = float(np.mean([effective_tokens(w) / len(w) for w, _ in spans]))
+    return metrics

@@ -106,14 +106,14 @@ def _canonical_hash(document: dict) -> str:
     return hashlib.sha256(json.dumps(document, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _input_hash(path: Path) -> str:
+def input_hash(path: Path) -> str:
     if not path.is_file():
         raise OarError(f"{path}: {'is a directory, expected a Parquet file' if path.is_dir() else 'file not found'}")
     return sha256_file(path)
 
 
 def key_parts(stage, section: dict, input_paths: dict[str, Path], context: StageContext) -> dict:
-    inputs = {name: _input_hash(path) for name, path in sorted(input_paths.items())}
+    inputs = {name: input_hash(path) for name, path in sorted(input_paths.items())}
     if context.policy is not None:
         inputs["policy"] = context.policy.identity
         if context.policy.backend != "transformers":  # other samples, same policy: keys of old runs unchanged
@@ -148,7 +148,7 @@ def why_stale(output: Path, parts: dict) -> str | None:
     return "changed: " + ", ".join(changed or ["key"])
 
 
-def _write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, output_hash: str | None) -> dict:
+def write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, output_hash: str | None) -> dict:
     manifest = {"stage": parts["stage"], "key": _canonical_hash(parts), "key_parts": parts,
                 "output_sha256": output_hash, "metrics": metrics, "wall_seconds": round(seconds, 3),
                 "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -202,7 +202,7 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
     except InputError as error:  # a problem of one row of the input: name the file
         raise OarError(f"{' + '.join(map(str, input_paths.values()))}: {error}") from None
     output_hash, io = _write_outputs(stage, result, output) if is_main_process() else (None, {})
-    return _write_manifest(output, parts, {**result.metrics, **io}, time.perf_counter() - started, output_hash), True
+    return write_manifest(output, parts, {**result.metrics, **io}, time.perf_counter() - started, output_hash), True
 
 
 def require_complete(output: Path) -> dict:

@@ -53,6 +53,14 @@ def test_compare_never_reaching_the_target_prints_a_dash(cli, tmp_path):
     assert "| entropy | 1 | 3 | 20.0 ± 0.0% | 10.0 ± 0.0% | — | 1.00 |" in result.stdout
 
 
+def test_steps_to_target_count_training_steps_not_the_base_evaluation(cli, tmp_path):
+    """A base already at the target: the first *trained* evaluation at or above it counts (after 4 steps)."""
+    run = fake_run(tmp_path / "r", "oar_g", 0, [0.50, 0.40, 0.48], [0.1, 0.2, 0.3, 0.4], 4.0)
+    result = cli("compare", run, "-o", tmp_path / "c.html", "--target", 0.45)
+    assert result.exit_code == 0, result.output
+    assert "| oar_g | 1 | 0 | 48.0 ± 0.0% | 24.0 ± 0.0% | 4 (1/1 seeds) | 4.00 |" in result.stdout
+
+
 def test_compare_errors_name_the_run(cli, tmp_path):
     (tmp_path / "not_a_run").mkdir()
     failed = cli("compare", tmp_path / "not_a_run", "-o", tmp_path / "c.html")

@@ -196,6 +196,33 @@ def test_cli_fidelity_end_to_end(cli, verified, tmp_path):
     assert not list(output.parent.glob(".*"))  # no temporaries left
 
 
+def test_cli_fidelity_writes_a_manifest_and_reuses_a_finished_output(cli, verified, tmp_path, monkeypatch):
+    import json
+
+    import oarctl.fidelity
+
+    path, config = verified
+    output = tmp_path / "fidelity.parquet"
+    arguments = ["fidelity", path, "-o", output, "-c", config, "--sample", 2, "--methods", "random"]
+    first = cli(*arguments)
+    assert first.exit_code == 0 and "wrote" in first.stdout, first.output
+    manifest = json.loads(output.with_name("fidelity.parquet.manifest.json").read_text())
+    assert manifest["stage"] == "fidelity" and manifest["metrics"]["rollouts"] == 2
+    assert set(manifest["key_parts"]["inputs"]) == {"verified", "policy"}
+
+    calls = []
+    measure = oarctl.fidelity._measure
+    monkeypatch.setattr(oarctl.fidelity, "_measure", lambda *a: calls.append(a) or measure(*a))
+    again = cli(*arguments)
+    assert again.exit_code == 0 and "up to date" in again.stdout and calls == []  # a cache hit computes nothing
+    assert again.stdout.startswith(output.with_suffix(".md").read_text())
+    changed = cli(*arguments, "--set", "fidelity.ks=[0.5]")  # another option: recomputed
+    assert changed.exit_code == 0 and "wrote" in changed.stdout and len(calls) == 1
+    output.with_name("fidelity.parquet.manifest.json").unlink()  # no manifest: incomplete, recomputed
+    assert "wrote" in cli(*arguments).stdout and len(calls) == 2
+    assert "wrote" in cli(*arguments, "--force").stdout and len(calls) == 3
+
+
 def test_cli_fidelity_pad_replacement_and_greedy_reference(cli, verified, tmp_path):
     path, config = verified
     output = tmp_path / "pad.parquet"

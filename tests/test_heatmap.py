@@ -11,7 +11,7 @@ import pytest
 
 from oarctl.report.heatmap import (NEUTRAL_HTML, UNDERLINE, colour_scale, luminance, render_ansi, render_html,
                                    render_plain)
-from oarctl.stages.reshape import concentration_metrics, effective_tokens, top_mass_share
+from oarctl.reshaping import concentration_metrics, effective_tokens, top_mass_share
 
 NAN = float("nan")
 # The embedded toy policy writes reasoning before its answer (the tiny test policy answers at once,
@@ -93,6 +93,46 @@ def test_concentration_metrics_skip_zero_advantage_and_empty_spans():
 
 # ---- the CLI on a real run ---------------------------------------------------------------------
 
+def _on_a_terminal(*args, **environment) -> str:
+    """What `oarctl ARGS` writes to a pseudo-terminal (a subprocess: stdout really is a tty)."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    subprocess.run([sys.executable, "-m", "oarctl.cli", *map(str, args)], stdout=follower, stderr=subprocess.DEVNULL,
+                   env={**os.environ, **environment}, timeout=120, check=True)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:  # EIO: the terminal's other end is closed and everything was read
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return b"".join(chunks).decode()
+
+
+def test_colour_follows_the_flag_then_the_terminal_then_no_color(monkeypatch):
+    from oarctl.report.tokens import wants_color
+
+    class Stream:
+        def __init__(self, terminal):
+            self.isatty = lambda: terminal
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert wants_color(None, Stream(True)) and not wants_color(None, Stream(False))
+    assert wants_color(True, Stream(False)) and not wants_color(False, Stream(True))
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not wants_color(None, Stream(True)) and wants_color(True, Stream(True))
+    monkeypatch.setenv("NO_COLOR", "")  # empty means unset (no-color.org)
+    assert wants_color(None, Stream(True))
+
+
 def test_show_row_on_a_real_run(cli, tiny_config, tmp_path):
     import pyarrow.parquet as pq
 
@@ -114,8 +154,12 @@ def test_show_row_on_a_real_run(cli, tiny_config, tmp_path):
 
     scores = cli("show", attributions, "--row", 1, "--no-color")
     assert scores.exit_code == 0 and "coloured by score" in scores.stdout
-    coloured = cli("show", advantages, "--row", 0, "--by", "advantage")
+    coloured = cli("show", advantages, "--row", 0, "--by", "advantage", "--color")  # forced, e.g. for `| less -R`
     assert coloured.exit_code == 0 and "\x1b[48;2;" in coloured.stdout
+    piped = cli("show", advantages, "--row", 0)  # CliRunner's stdout is no terminal
+    assert piped.exit_code == 0 and "\x1b[" not in piped.stdout and re.search(r"\[\d+\.\d+\]", piped.stdout)
+    assert "\x1b[48;2;" in _on_a_terminal("show", advantages, "--row", 0)
+    assert "\x1b[" not in _on_a_terminal("show", advantages, "--row", 0, NO_COLOR="1")
 
     manifest = json.loads((advantages.parent / "advantages.parquet.manifest.json").read_text())
     assert {"top10_mass_share", "effective_tokens", "effective_token_fraction"} <= set(manifest["metrics"])

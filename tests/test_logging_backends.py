@@ -63,3 +63,38 @@ def test_tensorboard_receives_every_step_and_eval_line(cli, tiny_config, tmp_pat
     accuracy = events.Scalars("eval/greedy_accuracy")
     assert [e.step for e in accuracy] == [x["after_steps"] for x in lines if x["kind"] == "eval"] == [0, 2]
     assert "update/loss" in events.Tags()["scalars"]
+
+
+def test_a_resumed_run_sends_tensorboard_each_step_once(cli, tiny_config, tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard not installed (pip install 'oarctl[tensorboard]')")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "R"
+    config = tiny_config(signal=True, logging={"backends": ["jsonl", "tensorboard"]})
+    for steps in (2, 2, 3):  # a first run, the same command again (all cached), then one step more
+        result = cli("run", "-c", config, "--run-dir", run_dir, "--steps", steps)
+        assert result.exit_code == 0, result.output
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("verify/reward_mean")] == [0, 1, 2]
+    assert sorted(e.step for e in events.Scalars("eval/greedy_accuracy")) == [0, 2, 3]
+
+
+def test_wandb_offline_run_holds_every_line(cli, tiny_config, tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="wandb not installed (pip install 'oarctl[wandb]')")
+    from wandb_files import offline_history
+
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}.items():
+        monkeypatch.setenv(name, value)
+    run_dir = tmp_path / "R"
+    config = tiny_config(signal=True, logging={"backends": ["jsonl", "wandb"]})
+    result = cli("run", "-c", config, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (history,) = offline_history(run_dir / "wandb")
+    by_step: dict[int, dict] = {}
+    for row in history:
+        by_step.setdefault(row["_step"], {}).update(row)
+    for line in lines:
+        at = by_step[line["step"] if line["kind"] == "step" else line["after_steps"]]
+        assert {k: pytest.approx(v) for k, v in numeric(line).items()} == {k: at[k] for k in numeric(line)}

@@ -58,7 +58,8 @@ def summarise(run_dir: Path, target: float) -> RunSummary:
     if not evals:
         raise OarError(f"{run_dir / 'metrics.jsonl'}: no eval line yet")
     key = sampled_key(lines)
-    reached = [x["after_steps"] for x in evals if x.get("eval/greedy_accuracy", -1) >= target]
+    # the base evaluation (after 0 steps) trained nothing: a base already at the target is not "0 steps"
+    reached = [x["after_steps"] for x in evals if x["after_steps"] > 0 and x.get("eval/greedy_accuracy", -1) >= target]
     return RunSummary(run_dir, str(document.get("attribute", {}).get("method", "?")),
                       int(document.get("run", {}).get("seed", 0)), evals[-1]["eval/greedy_accuracy"],
                       evals[-1].get(key) if key else None, key[5:] if key else None,

@@ -5,6 +5,7 @@ policy's tokenizer (a multi-byte character split across tokens shows as a replac
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,14 @@ def read_row(path: Path, index: int, by: str | None) -> tuple[dict, str]:
     if not 0 <= index < table.num_rows:
         raise OarError(f"--row {index}: out of range, {path} has {table.num_rows} rows (0..{table.num_rows - 1})")
     return table.slice(index, 1).to_pylist()[0], by
+
+
+def wants_color(flag: bool | None, stream) -> bool:
+    """--color / --no-color decide; otherwise colour only a terminal, and never when NO_COLOR is set to
+    anything but the empty string (https://no-color.org)."""
+    if flag is not None:
+        return flag
+    return bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
 
 
 def show_row(path: Path, index: int, by: str | None = None, policy: Path | None = None, color: bool = True) -> str:

@@ -25,40 +25,11 @@ import numpy as np
 from oarctl.artifacts import extend_table
 from oarctl.attribution import ATTRIBUTION_METHODS
 from oarctl.attribution.oar import segment_rows
-from oarctl.attribution.outcome import effective_mode
+from oarctl.attribution.rows import outcome_mode, rows_to_score, span_columns
 from oarctl.distributed import deal, gather_to_rank_zero, process_state, rank, world_size
 from oarctl.runner import StageContext, StageOutput
 
 VERSION = "2"
-
-
-def _mode(config) -> str | None:
-    return {"oar_p": config.oar_p_mode, "oar_g": config.oar_g_mode}.get(config.method)
-
-
-def _span_columns(rollouts, mode: str | None) -> dict:
-    columns = {name: [] for name in ("outcome_mode", "reasoning_start", "reasoning_end", "conclude_start",
-                                     "conclude_end", "answer_start", "answer_end", "uses_probe")}
-    for rollout in rollouts:
-        segments = rollout.segments
-        columns["outcome_mode"].append(effective_mode(mode, segments.answer) if mode else None)
-        for name in ("reasoning", "conclude", "answer"):
-            start, end = getattr(segments, name)
-            columns[f"{name}_start"].append(start)
-            columns[f"{name}_end"].append(end)
-        columns["uses_probe"].append(segments.uses_probe)
-    return columns
-
-
-def rows_to_score(verified, skip_uniform_groups: bool) -> list[int]:
-    """Table rows the method scores: all, or only those of groups with mixed rewards."""
-    if not skip_uniform_groups:
-        return list(range(verified.num_rows))
-    prompt_ids = verified["prompt_id"].to_pylist()
-    rewards: dict[str, set] = {}
-    for prompt_id, reward in zip(prompt_ids, verified["reward"].to_pylist()):
-        rewards.setdefault(prompt_id, set()).add(reward)
-    return [row for row, prompt_id in enumerate(prompt_ids) if len(rewards[prompt_id]) > 1]
 
 
 def rows_of_rank(verified, rows: list[int], ranks: int, index: int) -> list[int]:
@@ -96,7 +67,8 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     verified = inputs["verified"]
     method = ATTRIBUTION_METHODS.get(config.method)
     rollouts = segment_rows(verified, context.policy.load_tokenizer())  # every rank: cheap, and the spans
-    rows = rows_to_score(verified, config.skip_uniform_groups)
+    rows = rows_to_score(verified["prompt_id"].to_pylist(), verified["reward"].to_pylist(),
+                         config.skip_uniform_groups)
     state = process_state()  # None without a launcher
     mine = rows_of_rank(verified, rows, world_size(state), rank(state))
     parts = gather_to_rank_zero(_score(method, rollouts, verified, mine, config, _on_rank_device(context, state)),
@@ -106,6 +78,7 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     if parts is None:  # not rank 0: it writes
         return StageOutput(None, metrics)
     scored = {row: scores for part in parts for row, scores in part.items()}
-    columns = {"attribution_method": [config.method] * verified.num_rows, **_span_columns(rollouts, _mode(config)),
+    columns = {"attribution_method": [config.method] * verified.num_rows,
+               **span_columns(rollouts, outcome_mode(config)),
                "token_scores": _all_scores(scored, rollouts)}
     return StageOutput(extend_table(verified, columns, "attributions"), metrics)

@@ -15,7 +15,7 @@ import numpy as np
 from oarctl.advantages import ADVANTAGE_ESTIMATORS, token_advantages
 from oarctl.artifacts import extend_table
 from oarctl.errors import InputError
-from oarctl.reshaping import bilevel_weights
+from oarctl.reshaping import concentration_metrics, response_weights
 from oarctl.runner import StageContext, StageOutput
 
 VERSION = "3"  # 3: credit-concentration metrics (top10_mass_share, effective_tokens)
@@ -42,37 +42,6 @@ def _check_mass(advantage: float, weighted: np.ndarray, row: int) -> None:
                          f"expected the GRPO total {expected:.6g}")
 
 
-def top_mass_share(weights: np.ndarray, share: float = 0.1) -> float:
-    """Share of the reasoning's |token advantage| mass carried by its top `share` tokens by weight.
-
-    |A x w| = |A| x w within one sequence, so |A| cancels: this is a ratio of weights.
-    """
-    count = max(1, int(np.ceil(share * len(weights))))
-    return float(np.sort(weights)[::-1][:count].sum() / weights.sum())
-
-
-def effective_tokens(weights: np.ndarray) -> float:
-    """(sum w)^2 / sum w^2: R for uniform weights, 1 when one token carries everything."""
-    return float(weights.sum(dtype=np.float64) ** 2 / np.square(weights, dtype=np.float64).sum())
-
-
-def concentration_metrics(weights: list[np.ndarray], advantages: np.ndarray) -> dict:
-    """How concentrated credit is, over reasoning spans with positive total weight.
-
-    top10_mass_share only counts sequences with nonzero advantage (others carry no credit at all);
-    a metric with no sequence to average over is left out rather than reported as 0.
-    """
-    spans = [(w, a) for w, a in zip(weights, advantages) if len(w) and w.sum() > 0]
-    metrics = {}
-    shares = [top_mass_share(w) for w, a in spans if a != 0]
-    if shares:
-        metrics["top10_mass_share"] = float(np.mean(shares))
-    if spans:
-        metrics["effective_tokens"] = float(np.mean([effective_tokens(w) for w, _ in spans]))
-        metrics["effective_token_fraction"] = float(np.mean([effective_tokens(w) / len(w) for w, _ in spans]))
-    return metrics
-
-
 def run(inputs, config, context: StageContext) -> StageOutput:
     table = inputs["attributions"]
     rewards = np.asarray(table["reward"].to_numpy(zero_copy_only=False), dtype=np.float64)
@@ -83,9 +52,7 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     weights, per_token, reasoning = [], [], []
     spans = zip(table["reasoning_start"].to_pylist(), table["reasoning_end"].to_pylist())
     for row, (scores, (start, end)) in enumerate(zip(table["token_scores"].to_pylist(), spans)):
-        w = np.ones(len(scores), dtype=np.float32)
-        w[start:end] = bilevel_weights(np.asarray(scores[start:end], dtype=np.float32), quantile=config.quantile,
-                                       beta=config.beta, floor=config.floor, preserve_mass=config.preserve_mass)
+        w = response_weights(scores, (start, end), config)
         weighted = token_advantages(float(advantages[row]), w)
         if config.preserve_mass:
             _check_mass(float(advantages[row]), weighted, row)

@@ -1,0 +1,1 @@
+"""oarctl inside other trainers: `oarctl.integrations.trl.OARGRPOTrainer` (pip install 'oarctl[trl]')."""
