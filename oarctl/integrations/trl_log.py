@@ -89,7 +89,8 @@ def verify_columns(rows: list[dict], tokenizer) -> dict:
             "answer_char_end": [v.end for v in verdicts], "answer_token_start": [s for s, _ in spans],
             "answer_token_end": [e for _, e in spans], "normalized_answer": [v.normalized_answer for v in verdicts],
             "normalized_gold": [v.normalized_gold for v in verdicts], "verdict": [v.verdict for v in verdicts],
-            "parse_ok": [v.parse_ok for v in verdicts], "timed_out": [v.timed_out for v in verdicts]}
+            "parse_ok": [v.parse_ok for v in verdicts], "timed_out": [v.timed_out for v in verdicts],
+            "extraction": ["strict"] * len(rows)}  # the boxed check reads the last box: strict
 
 
 class StepLog:
