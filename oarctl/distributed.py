@@ -135,10 +135,3 @@ def deal(groups: list, weights: list[int], ranks: int) -> list[list[int]]:
         loads[target] += totals[group]
         dealt[target] += members[group]
     return [sorted(indices) for indices in dealt]
-
-
-def release_process_group() -> None:
-    """Shut down the launcher's process group, if this process joined one: a rank that exits with gloo's
-    threads still up can abort in C++ ("terminate called without an active exception")."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
