@@ -226,6 +226,7 @@ def test_wandb_offline_gets_trl_and_oar_metrics(tiny_policy, signal_data, tmp_pa
     for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
                         "WANDB_DIR": str(tmp_path), "WANDB_PROJECT": "oarctl-test"}.items():
         monkeypatch.setenv(name, value)
+    wandb.teardown()  # wandb reads WANDB_DIR once per process: an earlier test's W&B run would keep its folder
     trainer, _, _ = _train(OARGRPOTrainer, tiny_policy, signal_data["train"], tmp_path / "trl", attribution="oar_g",
                            report_to=["wandb"], max_steps=2)
     wandb.finish()  # transformers leaves the run open; finishing it flushes the run file
