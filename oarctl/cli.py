@@ -56,8 +56,14 @@ def _stage_command(name: str, input_path: Path, output: Path, config_file, overr
     policy_path = None
     if STAGES[name].uses_policy:
         policy_path = Path(policy) if policy else resolve_policy_path(config.policy.path)
-    manifest, ran = run_stage(name, config, {input_name: input_path}, output, step=step,
-                              policy_path=policy_path, force=force, log=_log)
+    try:
+        manifest, ran = run_stage(name, config, {input_name: input_path}, output, step=step,
+                                  policy_path=policy_path, force=force, log=_log)
+    finally:
+        if "torch" in sys.modules:  # a stage that never imported torch joined no process group
+            from oarctl.distributed import release_process_group
+
+            release_process_group()
     metrics = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in manifest["metrics"].items())
     typer.echo(f"{name}: {'wrote' if ran else 'up to date'} {output}  {metrics}")
 

@@ -135,3 +135,12 @@ def deal(groups: list, weights: list[int], ranks: int) -> list[list[int]]:
         loads[target] += totals[group]
         dealt[target] += members[group]
     return [sorted(indices) for indices in dealt]
+
+
+def release_process_group() -> None:
+    """Shut down the launcher's process group at the end of a launched stage. A rank that exits with
+    gloo's threads still up can abort in C++ ("terminate called without an active exception"; seen when
+    no rank had rows to score). Only under a launcher: in a plain process a group may be someone
+    else's (an in-process vLLM engine's)."""
+    if launched() and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
