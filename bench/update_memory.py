@@ -45,22 +45,19 @@ def _batch(rows: int, prompt: int, response: int):
 
 def micro_batch(model, reference, prompts, responses, chunk_tokens: int | None) -> float:
     """Loss + backward of one micro-batch; chunk_tokens None: the full (B, R, V) logits path."""
-    from oarctl.losses import entropy_from_logits, policy_loss
-    from oarctl.policy.logprobs import pad_rows, response_logits, response_token_stats, token_logprobs
+    from oarctl.losses import policy_loss
+    from oarctl.policy.logprobs import full_vocabulary_stats, pad_rows, response_token_stats
 
     mask = pad_rows([[1.0] * len(r) for r in responses], 0.0, torch.float32)
-    temperature = torch.ones(len(responses))
     if chunk_tokens is None:
-        targets = pad_rows(responses, 0, torch.long)
-        logits = response_logits(model, prompts, responses, 0)
-        logprobs = token_logprobs(logits, targets, temperature)
+        logprobs, entropy = full_vocabulary_stats(model, prompts, responses, 0)
         with torch.no_grad():
-            ref = token_logprobs(response_logits(reference, prompts, responses, 0), targets, temperature)
-            float((entropy_from_logits(logits) * mask).sum())
+            ref, _ = full_vocabulary_stats(reference, prompts, responses, 0)
     else:
         logprobs, entropy = response_token_stats(model, prompts, responses, 0, 1.0, chunk_tokens)
         with torch.no_grad():
             ref, _ = response_token_stats(reference, prompts, responses, 0, 1.0, chunk_tokens)
+    float((entropy * mask).sum())  # the logged mean, as the update stage takes it
     loss, _ = policy_loss(logprobs, logprobs.detach() - 0.1, torch.ones_like(mask), mask, max_length=len(responses[0]),
                           ref_logprobs=ref, kl_coef=0.01)
     loss.backward()

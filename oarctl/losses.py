@@ -133,7 +133,8 @@ def policy_loss(
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) per position: (B, T, V) -> (B, T), for logging.
+    """Entropy of softmax(logits) per position: (B, T, V) -> (B, T), from whole logits (the reference
+    the update's chunked entropy, oarctl.policy.logprobs.response_token_stats, is tested against).
 
     Computed in float32 from log_softmax (a logsumexp inside), so large logits do not overflow
     and bfloat16 logits do not lose the small probabilities; a logit of -inf

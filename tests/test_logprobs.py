@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from oarctl.losses import LOSS_AGGREGATIONS, entropy_from_logits, policy_loss
-from oarctl.policy.logprobs import pad_rows, response_logits, response_token_stats, token_logprobs
+from oarctl.losses import LOSS_AGGREGATIONS, policy_loss
+from oarctl.policy.logprobs import full_vocabulary_stats, pad_rows, response_token_stats
 
 PAD = 0
 
@@ -36,14 +36,10 @@ def _loss(model, reference, batch, aggregation, chunk_tokens):
     """The update's micro-batch loss through the chunked path (chunk_tokens) or the full logits (None)."""
     prompts, responses, old, advantages, temperatures = batch
     mask = pad_rows([[1.0] * len(r) for r in responses], 0.0, torch.float32)
-    temperature = torch.tensor(temperatures)
     if chunk_tokens is None:
-        logits = response_logits(model, prompts, responses, PAD)
-        targets = pad_rows(responses, PAD, torch.long)
-        logprobs = token_logprobs(logits, targets, temperature)
-        entropy = entropy_from_logits(logits.detach().float() / temperature[:, None, None])
+        logprobs, entropy = full_vocabulary_stats(model, prompts, responses, PAD, temperatures)
         with torch.no_grad():
-            ref = token_logprobs(response_logits(reference, prompts, responses, PAD), targets, temperature)
+            ref, _ = full_vocabulary_stats(reference, prompts, responses, PAD, temperatures)
     else:
         logprobs, entropy = response_token_stats(model, prompts, responses, PAD, temperatures, chunk_tokens)
         with torch.no_grad():
@@ -87,8 +83,7 @@ def test_log_probs_match_the_full_logits_in_their_positions():
     model = _model()
     prompts, responses, *_ = _batch()
     with torch.no_grad():
-        full = token_logprobs(response_logits(model, prompts, responses, PAD), pad_rows(responses, PAD, torch.long),
-                              torch.ones(len(prompts)))
+        full, _ = full_vocabulary_stats(model, prompts, responses, PAD)
         chunked, entropy = response_token_stats(model, prompts, responses, PAD, chunk_tokens=3)
     for row, response in enumerate(responses):
         torch.testing.assert_close(chunked[row, :len(response)], full[row, :len(response)], rtol=0, atol=1e-6)

@@ -11,7 +11,8 @@ vocabulary projection runs `chunk_tokens` positions at a time, and only the (B, 
 with gradients on, each chunk's logits are recomputed in the backward (activation checkpointing).
 It does this by standing in for the model's output layer during its own forward, so a DDP, FSDP or
 DeepSpeed wrapper still runs its hooks (FSDP's parameters are gathered while the projection runs).
-`response_logits` (the whole (B, R, V) tensor) stays for tests and callers that want logits.
+`full_vocabulary_stats` is the path it replaced, projecting every position at once: the reference the
+tests and bench/update_memory.py compare with.
 """
 from __future__ import annotations
 
@@ -94,8 +95,7 @@ class _ResponseStatsHead(torch.nn.Module):
 
 
 @contextlib.contextmanager
-def _output_layer(model, stand_in):
-    inner = unwrapped(model)
+def _output_layer(inner, stand_in):
     original = inner.get_output_embeddings()
     inner.set_output_embeddings(stand_in)
     try:
@@ -119,7 +119,21 @@ def response_token_stats(model, prompts: list[list[int]], responses: list[list[i
     positions = torch.tensor([[min(len(p) - 1 + r, last) for r in range(width)] for p in prompts], device=device)
     targets = pad_rows(responses, pad_id, torch.long).to(device)  # (B, R)
     temperature = torch.as_tensor(temperature, dtype=torch.float32, device=device).expand(rows)
-    head = _ResponseStatsHead(unwrapped(model).get_output_embeddings(), positions, targets, temperature, chunk_tokens)
-    with _output_layer(model, head):
+    inner = unwrapped(model)
+    head = _ResponseStatsHead(inner.get_output_embeddings(), positions, targets, temperature, chunk_tokens)
+    with _output_layer(inner, head):
         stats = model(input_ids=input_ids, attention_mask=attention).logits  # (B, R, 2)
     return stats[..., 0].float(), stats[..., 1].detach().float()
+
+
+def full_vocabulary_stats(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                          temperature: torch.Tensor | list[float] | float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `response_token_stats` computes, from the whole (B, R, V) logits at once (the reference)."""
+    from oarctl.losses import entropy_from_logits
+
+    logits = response_logits(model, prompts, responses, pad_id)
+    temperature = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device).expand(len(responses))
+    logprobs = token_logprobs(logits, pad_rows(responses, pad_id, torch.long).to(logits.device), temperature)
+    with torch.no_grad():
+        entropy = entropy_from_logits(logits.float() / temperature[:, None, None])
+    return logprobs, entropy
