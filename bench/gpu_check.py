@@ -42,6 +42,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 QWEN25_15B = dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                   intermediate_size=8960, vocab_size=151_936, max_position_embeddings=32_768, rope_theta=1e6)
+LONG_BUDGET, LONG_CHUNK = 65_536, 64  # part long's attribute.max_batch_tokens and chunk_size defaults
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
             intermediate_size=128, vocab_size=1000, max_position_embeddings=512, rope_theta=1e4)
 
@@ -59,8 +60,8 @@ def _arguments():
                         help="sampling backend (auto: vLLM when installed)")
     parser.add_argument("--long-tokens", type=int, default=2048, help="part long: response tokens")
     parser.add_argument("--exact-rows", type=int, default=2, help="part long: responses exact oar_p scores")
-    parser.add_argument("--budget", type=int, default=65_536, help="part long: attribute.max_batch_tokens")
-    parser.add_argument("--chunk", type=int, default=64, help="part long: attribute.chunk_size (OAR-P)")
+    parser.add_argument("--budget", type=int, default=LONG_BUDGET, help="part long: attribute.max_batch_tokens")
+    parser.add_argument("--chunk", type=int, default=LONG_CHUNK, help="attribute.chunk_size (OAR-P)")
     return parser.parse_args()
 
 
@@ -183,6 +184,12 @@ LONG_METHODS = {  # method: extra overrides
 }
 
 
+def long_attribute_knobs(budget: int, chunk: int) -> list[str]:
+    """The attribute settings of part long (bench/scale.py --measured predicts with the same)."""
+    return ["attribute.dtype=bfloat16", f"attribute.max_batch_tokens={budget}", f"attribute.chunk_size={chunk}",
+            "attribute.batch_size=64"]
+
+
 def _long(args, work: Path, policy: Path) -> list:
     """Part long: bf16 attribution of long responses by every method, then reshape and the update."""
     import pyarrow.parquet as pq
@@ -191,9 +198,8 @@ def _long(args, work: Path, policy: Path) -> list:
     from oarctl.artifacts import write_parquet
     from oarctl.config import load_config
 
-    overrides = _overrides(args, policy) + [
-        "attribute.dtype=bfloat16", f"attribute.max_batch_tokens={args.budget}", f"attribute.chunk_size={args.chunk}",
-        "attribute.batch_size=64", f"update.micro_batch_tokens={4 * (args.long_tokens + 32)}",
+    overrides = _overrides(args, policy) + long_attribute_knobs(args.budget, args.chunk) + [
+        f"update.micro_batch_tokens={4 * (args.long_tokens + 32)}",
         f"update.sum_norm_length={args.long_tokens}", "update.micro_batch_size=64", "update.gradient_checkpointing=true"]
     rows: list = []
     rollouts = _long_rollouts(args, work / "long_rollouts.parquet", AutoTokenizer.from_pretrained(policy))

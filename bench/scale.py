@@ -49,6 +49,8 @@ sys.path.insert(0, str(ROOT))
 from oarctl.batching import fixed_size, pad_plan, plan_step, token_budget  # noqa: E402  (no torch)
 from oarctl.config import Config  # noqa: E402
 
+from bench import gpu_check  # noqa: E402  (its part long's knobs; imports no torch)
+
 GB = 1e9
 CONCLUDE_TOKENS, ANSWER_TOKENS, CLOSING_TOKENS = 4, 4, 2  # `\boxed{`, the answer, `}` + eos
 METHODS = ("uniform", "random", "entropy", "oar_p", "oar_p_span", "oar_p_screened", "oar_g")  # the registry
@@ -666,6 +668,14 @@ def _set(config: Config, section: str, key: str, value, where: str) -> None:
     setattr(part, key, value)
 
 
+def apply_overrides(config: Config, overrides) -> None:
+    """`section.key=value` strings (YAML values) onto `config`, as `oarctl --set` reads them."""
+    for override in overrides:
+        name, _, raw = override.partition("=")
+        section, _, key = name.strip().partition(".")
+        _set(config, section, key, yaml.safe_load(raw), f"--set {override}")
+
+
 def load_setting(path: Path, shape: Shape | None, lengths_args, mixed_fraction: float, overrides=()) -> Setting:
     """The config's sections over the defaults (oarctl.config's dataclasses), then `section.key=value`
     overrides. tests/test_configs_real.py validates the files themselves; this does not import the
@@ -674,10 +684,7 @@ def load_setting(path: Path, shape: Shape | None, lengths_args, mixed_fraction: 
     for section, values in (yaml.safe_load(path.read_text()) or {}).items():
         for key, value in (values or {}).items():
             _set(config, section, key, value, str(path))
-    for override in overrides:
-        name, _, raw = override.partition("=")
-        section, _, key = name.strip().partition(".")
-        _set(config, section, key, yaml.safe_load(raw), f"--set {override}")
+    apply_overrides(config, overrides)
     lengths = response_lengths(config.sample.prompts_per_step * config.sample.group_size, config.sample.group_size,
                                lengths_args.prompt_tokens, lengths_args.mean_response, config.sample.max_new_tokens,
                                lengths_args.sigma)
@@ -1012,30 +1019,25 @@ def print_checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_g
     share = total / (total + step_seconds)
     print(f"     {'total':<52} {sum(b for _, b, _ in terms) / GB:8.1f} GB {total:8.1f} s = {share:.0%} of the step "
           f"({step_seconds:.1f} s of compute); engine start-up every step (2-4 min by the issue's estimate) comes on top")
-    return (f"{'PASS' if share <= 0.10 else 'OPEN'} (d) {setting.path}: checkpoint I/O is {share:.0%} of the step "
-            f"(predicted {total:.0f} s beside {step_seconds:.0f} s of compute; the 10% target of a step without "
-            f"waste is not met yet)" if share > 0.10 else f"PASS (d) {setting.path}: checkpoint I/O {share:.0%} of the step")
+    if share <= 0.10:
+        return f"PASS (d) {setting.path}: checkpoint I/O {share:.0%} of the step"
+    return (f"OPEN (d) {setting.path}: checkpoint I/O is {share:.0%} of the step (predicted {total:.0f} s beside "
+            f"{step_seconds:.0f} s of compute; the 10% target of a step without waste is not met yet)")
 
 
 # ---- against a GPU measurement --------------------------------------------------------------------
 
-# bench/gpu_check.py's part long: its rows' methods and the knobs it ran them with (its defaults)
-GPU_CHECK_LONG = {"long_attribute_oar_g": ("oar_g", ["attribute.gradient_checkpointing=true"]),
-                  "long_attribute_oar_p_span": ("oar_p_span", []),
-                  "long_attribute_oar_p_screened": ("oar_p_screened", []),
-                  "long_attribute_oar_p": ("oar_p", [])}
-GPU_CHECK_KNOBS = ["attribute.dtype=bfloat16", "attribute.max_batch_tokens=65536", "attribute.chunk_size=64",
-                   "attribute.batch_size=64"]
+# bench/gpu_check.py's part long: its rows' methods and the attribute knobs it ran them with (its defaults)
+GPU_CHECK_LONG = {f"long_attribute_{method}": (method, extra)
+                  for method, extra in {**gpu_check.LONG_METHODS, "oar_p": []}.items()}
+GPU_CHECK_KNOBS = gpu_check.long_attribute_knobs(gpu_check.LONG_BUDGET, gpu_check.LONG_CHUNK)
 
 
 def one_gpu_attribute(shape: Shape, hw: Hardware, method: str, rows: int, group: int, prompt: int, response: int,
                       overrides: list[str]) -> Cost:
     """The attribute stage's predicted cost on one GPU for `rows` responses of one length."""
     config = Config()
-    for override in overrides:
-        name, _, raw = override.partition("=")
-        section, _, key = name.partition(".")
-        _set(config, section, key, yaml.safe_load(raw), override)
+    apply_overrides(config, overrides)
     lengths = Lengths(np.full(rows, response, dtype=np.int64), prompt, min(group, rows), response, response,
                       response ** 2, 1.0, 0.0)
     return attribute_stage(Setting("gpu_check", shape, config, lengths, 1.0), hw, method)
