@@ -80,17 +80,13 @@ def row_columns(batch: dict, index: int, weights: np.ndarray, logprobs: list[flo
 
 def verify_columns(rows: list[dict], tokenizer) -> dict:
     """oarctl's boxed check of each response against its gold answer, with the answer's token span."""
-    from oarctl.verify import CHECKERS
+    from oarctl.verify import CHECKERS, verdict_columns
     from oarctl.verify.token_span import token_span
 
     verdicts = CHECKERS.get("boxed")([r["response_text"] for r in rows], [r["answer"] for r in rows])
     spans = [token_span(tokenizer, r["response_token_ids"], v.start, v.end) for r, v in zip(rows, verdicts)]
-    return {"extracted_answer": [v.extracted for v in verdicts], "answer_char_start": [v.start for v in verdicts],
-            "answer_char_end": [v.end for v in verdicts], "answer_token_start": [s for s, _ in spans],
-            "answer_token_end": [e for _, e in spans], "normalized_answer": [v.normalized_answer for v in verdicts],
-            "normalized_gold": [v.normalized_gold for v in verdicts], "verdict": [v.verdict for v in verdicts],
-            "parse_ok": [v.parse_ok for v in verdicts], "timed_out": [v.timed_out for v in verdicts],
-            "extraction": ["strict"] * len(rows)}  # the boxed check reads the last box: strict
+    return {**verdict_columns(verdicts, "strict"),  # the boxed check reads the last box: strict
+            "answer_token_start": [s for s, _ in spans], "answer_token_end": [e for _, e in spans]}
 
 
 class StepLog:

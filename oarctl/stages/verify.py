@@ -20,7 +20,7 @@ import numpy as np
 from oarctl.artifacts import extend_table
 from oarctl.errors import InputError
 from oarctl.runner import StageContext, StageOutput
-from oarctl.verify import CHECKERS
+from oarctl.verify import CHECKERS, verdict_columns
 
 VERSION = "4"  # 4: verify.extraction and the extraction column
 SLOWEST_ROWS = 5
@@ -55,12 +55,7 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     verdicts = CHECKERS.get(config.method)(rollouts["response_text"].to_pylist(), rollouts["answer"].to_pylist(),
                                            timeout=config.timeout, workers=config.workers,
                                            memory_mb=config.memory_mb, extraction=config.extraction)
-    columns = {"extracted_answer": [v.extracted for v in verdicts], "reward": [v.reward for v in verdicts],
-               "answer_char_start": [v.start for v in verdicts], "answer_char_end": [v.end for v in verdicts],
-               "normalized_answer": [v.normalized_answer for v in verdicts],
-               "normalized_gold": [v.normalized_gold for v in verdicts], "verdict": [v.verdict for v in verdicts],
-               "parse_ok": [v.parse_ok for v in verdicts], "timed_out": [v.timed_out for v in verdicts],
-               "extraction": [config.extraction] * len(verdicts)}
+    columns = {**verdict_columns(verdicts, config.extraction), "reward": [v.reward for v in verdicts]}
     spans = answer_token_spans(rollouts, verdicts, context.policy.load_tokenizer(), context.policy.path)
     columns["answer_token_start"] = [start for start, _ in spans]
     columns["answer_token_end"] = [end for _, end in spans]

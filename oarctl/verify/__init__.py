@@ -6,7 +6,7 @@ a killable pool) and `boxed` (last \\boxed{}, exact text match; pure string work
 """
 from oarctl.registry import Registry
 from oarctl.verify import boxed
-from oarctl.verify.equivalence import Verdict, is_equivalent, verify_batch
+from oarctl.verify.equivalence import Verdict, is_equivalent, verdict_columns, verify_batch
 from oarctl.verify.extract import extract_answer
 
 CHECKERS = Registry("verify method")
@@ -30,4 +30,4 @@ def boxed_batch(responses: list[str], golds: list[str], **_limits) -> list[Verdi
     return verdicts
 
 
-__all__ = ["CHECKERS", "Verdict", "extract_answer", "is_equivalent", "verify_batch"]
+__all__ = ["CHECKERS", "Verdict", "extract_answer", "is_equivalent", "verdict_columns", "verify_batch"]

@@ -44,6 +44,16 @@ class Verdict:
         return float(self.verdict == "correct")
 
 
+def verdict_columns(verdicts: list[Verdict], extraction: str) -> dict:
+    """The verified artifact's columns that come from the verdicts alone (not the reward, nor the token
+    spans, which need the tokenizer); `extraction` is recorded in every row."""
+    return {"extracted_answer": [v.extracted for v in verdicts], "answer_char_start": [v.start for v in verdicts],
+            "answer_char_end": [v.end for v in verdicts], "normalized_answer": [v.normalized_answer for v in verdicts],
+            "normalized_gold": [v.normalized_gold for v in verdicts], "verdict": [v.verdict for v in verdicts],
+            "parse_ok": [v.parse_ok for v in verdicts], "timed_out": [v.timed_out for v in verdicts],
+            "extraction": [extraction] * len(verdicts)}
+
+
 def normalized_gold(gold: str) -> str:
     """Gold answers get the same treatment; a full solution (`#### 42`, `\\boxed{}`) gives its answer."""
     found = find_answer(gold)
