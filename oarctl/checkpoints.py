@@ -30,9 +30,11 @@ from oarctl.errors import OarError
 MANIFEST = "checkpoint.json"
 OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_STATE = "optimizer.json"
+SHARDED_OPTIMIZER = "optimizer"  # folder of AdamW shards, one file per FSDP rank (oarctl/sharded_state.py)
 
 
 HASHING = {"files": 0, "bytes": 0, "seconds": 0.0}  # this process's hashing so far
+READING = {"bytes": 0, "seconds": 0.0}  # this process's checkpoint reads so far (weights, AdamW state)
 _DIGESTS: dict[tuple, str] = {}  # (device, inode, size, mtime_ns) -> sha256 hex
 _COUNTING = threading.Lock()  # files of one checkpoint are hashed in threads
 
@@ -67,9 +69,17 @@ def sha256_files(paths: list[Path]) -> list[str]:
         return list(pool.map(sha256_file, paths))
 
 
-def _file_hashes(directory: Path) -> dict[str, str]:
-    paths = [p for p in sorted(directory.iterdir()) if p.is_file() and p.name != MANIFEST]
-    return dict(zip((p.name for p in paths), sha256_files(paths)))
+def _file_hashes(directory: Path, known: dict[str, str] | None = None) -> dict[str, str]:
+    """{relative path: sha256} of every file under `directory`; `known` digests (files other ranks wrote
+    and hashed) are taken as they are, not hashed again."""
+    known = known or {}
+    names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    names = [name for name in names if name != MANIFEST]
+    missing = [name for name in known if name not in names]
+    if missing:
+        raise OarError(f"{directory}: files written by other ranks are missing: {missing}")
+    unknown = [name for name in names if name not in known]
+    return {**known, **dict(zip(unknown, sha256_files([directory / n for n in unknown])))}
 
 
 def policy_identity(directory: str | Path) -> str:
@@ -86,6 +96,11 @@ def policy_identity(directory: str | Path) -> str:
 
 OPTIMIZER_FILES = (OPTIMIZER_TENSORS, OPTIMIZER_STATE)
 LOG_FILES = ("update.parquet",)
+
+
+def is_training_state(name: str) -> bool:
+    """Files only the update stage reads (AdamW state, one-process or sharded form)."""
+    return name in OPTIMIZER_FILES or name.startswith(f"{SHARDED_OPTIMIZER}/")
 
 
 def verify_checkpoint(directory: Path, wanted=lambda name: True) -> None:
@@ -125,16 +140,34 @@ def load_policy(directory: str | Path, device: str = "cpu", dtype: str = "float3
 
     directory = Path(directory)
     policy_identity(directory)  # existence and safetensors checks
-    verify_checkpoint(directory, lambda name: name not in OPTIMIZER_FILES + LOG_FILES)
+    verify_checkpoint(directory, lambda name: not is_training_state(name) and name not in LOG_FILES)
+    started = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
         model = AutoModelForCausalLM.from_pretrained(directory, use_safetensors=True,
                                                      dtype=getattr(torch, dtype))
     except (OSError, ValueError) as error:
         raise OarError(f"{directory}: cannot load the policy ({str(error).splitlines()[0]})") from None
+    count_read(sum(p.stat().st_size for p in directory.glob("model*.safetensors")), started)
     if tokenizer.pad_token_id is None:
         raise OarError(f"{directory}: tokenizer has no pad token")
     return model.to(device), tokenizer
+
+
+def count_read(size: int, started: float) -> None:
+    READING["bytes"] += size
+    READING["seconds"] += time.perf_counter() - started
+
+
+def read_scalars(directory: Path) -> dict:
+    """optimizer.json: {"PARAMETER::step": number}."""
+    try:
+        scalars = json.loads((directory / OPTIMIZER_STATE).read_text())
+    except (OSError, ValueError) as error:
+        raise OarError(f"{directory}: cannot read the optimizer state ({str(error).splitlines()[0]})") from None
+    if not (isinstance(scalars, dict) and all(isinstance(v, (int, float)) for v in scalars.values())):
+        raise OarError(f"{directory}: {OPTIMIZER_STATE} is not a mapping of names to numbers")
+    return scalars
 
 
 def save_optimizer(optimizer: torch.optim.Optimizer | dict, names: list[str], directory: Path) -> None:
@@ -157,17 +190,23 @@ def save_optimizer(optimizer: torch.optim.Optimizer | dict, names: list[str], di
 
 def read_optimizer_state(directory: Path, shapes: dict[str, torch.Size]) -> dict[str, dict] | None:
     """The state written by `save_optimizer` keyed by parameter name, e.g. {"exp_avg": ..., "step": ...};
-    None when the directory has none. `shapes` (name -> parameter shape) refuses another model's state."""
+    None when the directory has none. `shapes` (name -> parameter shape) refuses another model's state.
+    A state FSDP ranks wrote in shards (optimizer/) is read whole (resharded to one process)."""
+    if (directory / SHARDED_OPTIMIZER).is_dir():
+        from oarctl.sharded_state import read_full_state
+
+        verify_checkpoint(directory, lambda name: name == OPTIMIZER_STATE)
+        return read_full_state(directory, shapes, read_scalars(directory))
     if not (directory / OPTIMIZER_TENSORS).exists():
         return None
     verify_checkpoint(directory, lambda name: name in OPTIMIZER_FILES)
+    started = time.perf_counter()
     try:
         tensors = load_file(directory / OPTIMIZER_TENSORS)
-        scalars = json.loads((directory / OPTIMIZER_STATE).read_text())
     except (OSError, ValueError, SafetensorError) as error:
         raise OarError(f"{directory}: cannot read the optimizer state ({str(error).splitlines()[0]})") from None
-    if not (isinstance(scalars, dict) and all(isinstance(v, (int, float)) for v in scalars.values())):
-        raise OarError(f"{directory}: {OPTIMIZER_STATE} is not a mapping of names to numbers")
+    count_read((directory / OPTIMIZER_TENSORS).stat().st_size, started)
+    scalars = read_scalars(directory)
     state: dict[str, dict] = {}
     for key, value in [*tensors.items(), *((k, torch.tensor(v)) for k, v in scalars.items())]:
         name, _, field = key.partition("::")
@@ -194,8 +233,10 @@ def load_optimizer(optimizer: torch.optim.Optimizer, names: list[str], directory
     return True
 
 
-def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_names=None, extra_files=()) -> str:
-    """Write a complete checkpoint into `directory` (a fresh temporary folder) and its hash manifest."""
+def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_names=None, extra_files=(),
+                prewritten: dict[str, str] | None = None) -> str:
+    """Write a complete checkpoint into `directory` (a temporary folder) and its hash manifest.
+    `prewritten`: {relative path: sha256} of files other processes already wrote there (FSDP shards)."""
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
@@ -206,7 +247,7 @@ def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_nam
         save_optimizer(optimizer, parameter_names, directory)
     for writer in extra_files:
         writer(directory)
-    files = _file_hashes(directory)
+    files = _file_hashes(directory, prewritten)
     (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
     return policy_identity(directory)
 
@@ -225,6 +266,8 @@ def replace_directory(temporary: Path, final: Path) -> None:
 def prune(directory: Path) -> None:
     """Drop a checkpoint's weights but keep checkpoint.json, so its identity stays known."""
     for path in directory.iterdir():
-        if path.name != MANIFEST:
+        if path.is_dir():
+            shutil.rmtree(path)  # the AdamW shards
+        elif path.name != MANIFEST:
             path.unlink()
     (directory / "PRUNED").write_text("weights pruned by run.keep_checkpoints\n")

@@ -108,6 +108,16 @@ def on_rank_zero(state, read):
     return result
 
 
+def raise_on_every_rank(problem: str | None, state) -> None:
+    """Raise OarError(the first rank's problem) on every rank when any rank has one (call on every rank),
+    so no rank waits forever in the next collective."""
+    problems = [None] * world_size(state)
+    torch.distributed.all_gather_object(problems, problem)
+    first = next((p for p in problems if p is not None), None)
+    if first is not None:
+        raise OarError(first)
+
+
 def gather_to_rank_zero(value, state) -> list | None:
     """[value of rank 0, value of rank 1, ...] on rank 0, None on the others (pickled Python objects:
     meant for results, e.g. scores, not for weights). Call on every rank."""

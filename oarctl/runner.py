@@ -8,6 +8,7 @@ inputs, so editing a config or an upstream file re-runs exactly what depends on 
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
-from oarctl.checkpoints import (HASHING, load_policy, load_tokenizer, policy_identity, replace_directory, save_policy,
-                                sha256_file)
+from oarctl.checkpoints import (HASHING, READING, load_policy, load_tokenizer, policy_identity, replace_directory,
+                                save_policy, sha256_file)
 from oarctl.errors import InputError, OarError
 
 
@@ -54,13 +55,25 @@ class StageContext:
     reference: Policy | None = None  # only set when the stage needs one (update with a KL term)
     progress: bool = False
     prompt_template: str = "chat"  # data.prompt_template, for the stages that build prompts
+    output: Path | None = None  # where the runner writes the stage's output (set by run_cached)
+
+
+@dataclass
+class Trained:
+    """What the update stage hands the runner to save as a checkpoint (on rank 0)."""
+    model: object
+    tokenizer: object
+    optimizer: object | None  # an optimizer or its state_dict(); None when the ranks wrote it (FSDP shards)
+    names: list[str]  # parameter names, in the optimizer's order
+    prewritten: dict = field(default_factory=dict)  # {relative path: sha256} of files the ranks already wrote
+    io: dict = field(default_factory=dict)  # the ranks' I/O of those files, for the manifest
 
 
 @dataclass
 class StageOutput:
     table: object  # pyarrow.Table
     metrics: dict = field(default_factory=dict)
-    trained: object | None = None  # update only: (model, tokenizer, optimizer, parameter names)
+    trained: Trained | None = None  # update only
 
 
 def _alive(pid: int) -> bool:
@@ -170,18 +183,26 @@ def _write_outputs(stage, result: StageOutput, output: Path) -> tuple[str, dict]
     if stage.output_kind != "policy":
         write_parquet(result.table, output)
         return sha256_file(output), {}
-    model, tokenizer, optimizer, names = result.trained
-    temporary = temporary_sibling(output)
-    shutil.rmtree(temporary, ignore_errors=True)
+    trained = result.trained
+    temporary = temporary_sibling(output)  # FSDP ranks may have written their AdamW shards there already
     hashed, started = dict(HASHING), time.perf_counter()
-    identity = save_policy(model, tokenizer, temporary, optimizer, names,
-                           extra_files=[lambda d: write_parquet(result.table, d / "update.parquet")])
+    identity = save_policy(trained.model, trained.tokenizer, temporary, trained.optimizer, trained.names,
+                           extra_files=[lambda d: write_parquet(result.table, d / "update.parquet")],
+                           prewritten=trained.prewritten)
     io = {"checkpoint_bytes_written": _folder_bytes(temporary),
-          "checkpoint_bytes_hashed": HASHING["bytes"] - hashed["bytes"],
-          "checkpoint_hash_seconds": round(HASHING["seconds"] - hashed["seconds"], 3)}
+          "checkpoint_bytes_hashed": HASHING["bytes"] - hashed["bytes"] + trained.io.get("optimizer_shard_bytes", 0),
+          "checkpoint_hash_seconds": round(HASHING["seconds"] - hashed["seconds"], 3), **trained.io}
     io["checkpoint_write_seconds"] = round(time.perf_counter() - started - io["checkpoint_hash_seconds"], 3)
     replace_directory(temporary, output)
     return identity, io
+
+
+def _load_io(hashed: dict, read: dict) -> dict:
+    """Checkpoint bytes this process read and verified while the stage ran, and the seconds."""
+    return {"checkpoint_bytes_read": READING["bytes"] - read["bytes"],
+            "checkpoint_read_seconds": round(READING["seconds"] - read["seconds"], 3),
+            "checkpoint_bytes_verified": HASHING["bytes"] - hashed["bytes"],
+            "checkpoint_verify_seconds": round(HASHING["seconds"] - hashed["seconds"], 3)}
 
 
 def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path], output: Path,
@@ -196,12 +217,15 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
     if is_main_process():
         manifest_path(output).unlink(missing_ok=True)  # the old output is no longer vouched for
         remove_dead_temporaries(output)
-    started = time.perf_counter()
+        shutil.rmtree(temporary_sibling(output), ignore_errors=True)  # this process's own, from a failed try
+    started, hashed, read = time.perf_counter(), dict(HASHING), dict(READING)
     try:
-        result = stage.function(inputs, section_config, context)
+        result = stage.function(inputs, section_config, dataclasses.replace(context, output=output))
     except InputError as error:  # a problem of one row of the input: name the file
         raise OarError(f"{' + '.join(map(str, input_paths.values()))}: {error}") from None
+    load_io = _load_io(hashed, read) if stage.output_kind == "policy" else {}
     output_hash, io = _write_outputs(stage, result, output) if is_main_process() else (None, {})
+    io = {**load_io, **io}
     return write_manifest(output, parts, {**result.metrics, **io}, time.perf_counter() - started, output_hash), True
 
 

@@ -109,8 +109,8 @@ def _max_difference(one: dict, two: dict) -> float:
 
 @pytest.mark.parametrize("config", ["cpu-2proc", "cpu-fsdp-2proc"])
 def test_two_processes_train_the_weights_of_one(first_update, batch, tiny_policy, config):
-    """~16 s (idle cores) to ~45 s (busy) each: the launcher and two ranks each import torch. Under FSDP the
-    AdamW state is gathered from the shards into the file format of one process."""
+    """~16 s (idle cores) to ~45 s (busy) each: the launcher and two ranks each import torch. Under FSDP each
+    rank writes its own AdamW shard (optimizer/), read whole here."""
     (single, _), (double, launched) = first_update(None), first_update(config)
     assert launched.stdout.count(f"update: wrote {double}") == 2  # both ranks ran the stage
     assert ("update: FullyShardedDataParallel over 2 ranks" in launched.stderr) == ("fsdp" in config)
@@ -118,13 +118,15 @@ def test_two_processes_train_the_weights_of_one(first_update, batch, tiny_policy
     initial = load_file(tiny_policy / "model.safetensors")
     one, two = load_file(single / "model.safetensors"), load_file(double / "model.safetensors")
     moved, difference = _max_difference(one, initial), _max_difference(one, two)
-    moments = _max_difference(load_file(single / "optimizer.safetensors"), load_file(double / "optimizer.safetensors"))
+    moments = _max_difference(_moments(single), _moments(double))
     print(f"{config}: max |w1 - w0| = {moved:.3e}, max |w1 - w2| = {difference:.3e}, moments {moments:.3e}")
     assert moved > 1e-4  # the update really changed the weights
     assert difference < 1e-5
     assert moments < 1e-6
     assert json.loads((double / "optimizer.json").read_text()) == json.loads((single / "optimizer.json").read_text())
-    assert sorted(p.name for p in double.iterdir()) == sorted(p.name for p in single.iterdir())  # FSDP's rank 0
+    one_process_form = {"optimizer.safetensors"} if "fsdp" in config else set()
+    assert {p.name for p in double.iterdir()} | one_process_form == {p.name for p in single.iterdir()} | (
+        {"optimizer"} if "fsdp" in config else set())
     assert json.loads((double / "config.json").read_text()) == json.loads((single / "config.json").read_text())
     log_one, log_two = pq.read_table(single / "update.parquet"), pq.read_table(double / "update.parquet")
     assert log_one.column_names == log_two.column_names and log_one.num_rows == log_two.num_rows == 2
@@ -136,35 +138,63 @@ def test_two_processes_train_the_weights_of_one(first_update, batch, tiny_policy
     assert not list(batch["folder"].glob(f".{double.name}*"))  # rank 1 wrote no temporary
 
 
-def test_fsdp_continues_the_adamw_state_of_a_checkpoint(first_update, batch):
-    """A second FSDP step from FSDP's checkpoint gives the weights one process gets from its own, and one
-    process continues FSDP's checkpoint alike: one file format, loaded into the shards. A fresh AdamW from
-    the same weights lands elsewhere, so the match is the loaded state's doing. ~20-50 s."""
+def _moments(policy: Path) -> dict:
+    """{"PARAMETER::exp_avg": whole tensor, ...} of a checkpoint, from either form (one file or FSDP shards)."""
+    from oarctl.checkpoints import read_optimizer_state
+
+    shapes = {key: value.shape for key, value in load_file(policy / "model.safetensors").items()}
+    state = read_optimizer_state(policy, shapes)
+    return {f"{name}::{key}": value for name, entry in state.items() for key, value in entry.items() if value.dim()}
+
+
+def _relative_difference(one: dict, two: dict) -> float:
+    assert one.keys() == two.keys()
+    return max(float((one[k] - two[k]).abs().max() / two[k].abs().max().clamp_min(1e-30)) for k in one)
+
+
+def test_fsdp_ranks_write_their_adamw_shards_and_any_rank_count_continues_them(first_update, batch):
+    """FSDP's two ranks each write their AdamW shard (hashed by the rank that wrote it). A second step
+    continues it alike from one process, from two FSDP ranks, and (the other way) from two FSDP ranks
+    starting from one process's state: every way gives the weights and moments of the plain run's
+    second step. A fresh AdamW from the same weights lands elsewhere, so the match is the loaded
+    state's doing. ~40-90 s."""
     (single, _), (sharded, _) = first_update(None), first_update("cpu-fsdp-2proc")
+    shards = sorted(p.name for p in (sharded / "optimizer").iterdir())
+    assert len(shards) == 2 and not (sharded / "optimizer.safetensors").exists()
+    recorded = json.loads((sharded / "checkpoint.json").read_text())["files"]
+    assert {f"optimizer/{name}" for name in shards} <= recorded.keys()
+    manifest = json.loads((sharded.parent / f"{sharded.name}.manifest.json").read_text())["metrics"]
+    assert manifest["optimizer_shard_bytes"] == sum((sharded / "optimizer" / n).stat().st_size for n in shards)
+    assert _max_difference(_moments(sharded), _moments(single)) < 1e-6  # the shards hold the whole state
+
     folder = batch["folder"]
     weights_only = folder / "policy-fsdp-weights-only"  # FSDP's step-1 weights without the AdamW state
-    shutil.copytree(sharded, weights_only, ignore=shutil.ignore_patterns("optimizer.*", "checkpoint.json"))
-    outputs = {name: folder / f"step2-{name}" for name in ("plain", "fsdp", "plain-after-fsdp", "fresh")}
+    shutil.copytree(sharded, weights_only, ignore=shutil.ignore_patterns("optimizer*", "checkpoint.json"))
+    names = ("plain", "fsdp", "plain-after-fsdp", "fsdp-after-plain", "fresh")
+    outputs = {name: folder / f"step2-{name}" for name in names}
     for policy, name in ((single, "plain"), (sharded, "plain-after-fsdp"), (weights_only, "fresh")):
         _update(batch, policy, outputs[name])
-    started = time.perf_counter()
-    launched = _launch_update(batch, sharded, outputs["fsdp"], "cpu-fsdp-2proc")
-    print(f"FSDP second update: {time.perf_counter() - started:.1f} s")
-    assert launched.returncode == 0, launched.stderr[-3000:]
-    assert "update: FullyShardedDataParallel over 2 ranks" in launched.stderr
-    assert "fresh optimizer" not in launched.stderr
+    for policy, name in ((sharded, "fsdp"), (single, "fsdp-after-plain")):
+        started = time.perf_counter()
+        launched = _launch_update(batch, policy, outputs[name], "cpu-fsdp-2proc")
+        print(f"FSDP second update ({name}): {time.perf_counter() - started:.1f} s")
+        assert launched.returncode == 0, launched.stderr[-3000:]
+        assert "update: FullyShardedDataParallel over 2 ranks" in launched.stderr
+        assert "fresh optimizer" not in launched.stderr
 
     weights = {name: load_file(path / "model.safetensors") for name, path in outputs.items()}
-    fsdp, crossed, fresh = (_max_difference(weights["plain"], weights[name])
-                            for name in ("fsdp", "plain-after-fsdp", "fresh"))
-    moments = _max_difference(load_file(outputs["plain"] / "optimizer.safetensors"),
-                              load_file(outputs["fsdp"] / "optimizer.safetensors"))
-    print(f"step 2: max |w_plain - w_fsdp| = {fsdp:.3e}, plain after FSDP {crossed:.3e}, fresh AdamW {fresh:.3e}, "
-          f"moments {moments:.3e}")
-    assert fsdp < 1e-5 and crossed < 1e-5 and moments < 1e-6
-    assert fresh > 100 * max(fsdp, crossed)
-    steps = json.loads((outputs["fsdp"] / "optimizer.json").read_text())
-    assert steps == json.loads((outputs["plain"] / "optimizer.json").read_text())
+    resumed = ("fsdp", "plain-after-fsdp", "fsdp-after-plain")
+    differences = {name: (_relative_difference(weights[name], weights["plain"]),
+                          _max_difference(weights[name], weights["plain"]),
+                          _max_difference(_moments(outputs[name]), _moments(outputs["plain"]))) for name in resumed}
+    fresh = _max_difference(weights["plain"], weights["fresh"])
+    print("step 2 vs the plain run (weights: max relative, max absolute difference; moments: max absolute):", differences,
+          f"fresh AdamW weights {fresh:.3e}")
+    assert all(absolute < 1e-6 and m < 1e-6 for _, absolute, m in differences.values())
+    assert fresh > 100 * max(_max_difference(weights["plain"], weights[name]) for name in resumed)
+    for name in resumed:
+        steps = json.loads((outputs[name] / "optimizer.json").read_text())
+        assert steps == json.loads((outputs["plain"] / "optimizer.json").read_text())
     assert set(steps.values()) == {4.0}  # 2 optimizer steps per update, counted on from the checkpoint's
 
 
@@ -279,6 +309,36 @@ def test_a_bad_optimizer_state_is_refused_in_one_line(first_update, batch, tmp_p
                                       "--policy", str(policy), "-c", str(batch["config"])])
     assert result.exit_code != 0 and message in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("damage, launcher", [("modified", None), ("missing", None), ("modified", "cpu-fsdp-2proc")])
+def test_a_damaged_adamw_shard_is_refused_in_one_line(first_update, batch, tmp_path, damage, launcher):
+    """The shards are verified against checkpoint.json before any training, by one process or shared out
+    over FSDP's ranks (the rank that finds it tells the others)."""
+    from typer.testing import CliRunner
+
+    from oarctl.cli import app
+
+    policy = tmp_path / "policy"
+    shutil.copytree(first_update("cpu-fsdp-2proc")[0], policy)
+    shard = sorted((policy / "optimizer").iterdir())[1]  # rank 1's
+    if damage == "modified":
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 1
+        shard.write_bytes(bytes(data))
+    else:
+        shard.unlink()
+    message = "does not match its recorded hash" if damage == "modified" else "is missing"
+    if launcher is None:
+        result = CliRunner().invoke(app, ["update", str(batch["advantages"]), "-o", str(tmp_path / "out"),
+                                          "--policy", str(policy), "-c", str(batch["config"])])
+        output, code = result.output, result.exit_code
+    else:
+        launched = _launch_update(batch, policy, tmp_path / "out", launcher)
+        output, code = launched.stdout + launched.stderr, launched.returncode
+    assert code != 0 and message in output and shard.name in output
+    assert "Traceback" not in output if launcher is None else "oarctl/stages" not in output  # the launcher's own
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_rank_other_than_zero_writes_nothing(batch, tiny_policy, tmp_path, monkeypatch):

@@ -351,6 +351,10 @@ def test_a_three_step_run_hashes_each_checkpoint_file_once(cli, tiny_config, tmp
     assert manifest["checkpoint_bytes_written"] == sizes
     assert manifest["checkpoint_bytes_hashed"] == sizes - (folder / "checkpoint.json").stat().st_size
     assert manifest["checkpoint_hash_seconds"] >= 0 and manifest["checkpoint_write_seconds"] > 0
+    previous = tmp_path / "R" / "step_0001" / "policy"  # what the third update read: weights and AdamW state
+    assert manifest["checkpoint_bytes_read"] == sum(p.stat().st_size for p in previous.glob("*.safetensors"))
+    assert manifest["checkpoint_bytes_verified"] == 0  # this process wrote (and hashed) them one step before
+    assert manifest["checkpoint_read_seconds"] > 0
 
 
 def test_a_process_verifies_what_it_reads(settings, rollouts, tmp_path, tiny_policy):

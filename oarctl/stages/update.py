@@ -23,16 +23,18 @@ those of a plain PyTorch loop. Under FSDP/ZeRO-3 the full weights are gathered o
 safetensors save (16-bit under ZeRO-3), into a model built on the meta device that takes the gathered
 tensors as they are (no second read of the checkpoint, no second copy); the KL reference model is
 replicated, not sharded.
-AdamW state under FSDP: the full (unsharded) state is gathered to rank 0's CPU and saved in the same
-files as without FSDP, so FSDP, DDP and one process continue each other's checkpoints; loading, rank 0
-reads it and torch scatters it into the shards after `prepare`. Rank 0 then holds the full state in CPU
-memory, 2 x fp32 parameters (~56 GB for 7B), beside the gathered weights (~28 GB fp32 for 7B).
+AdamW state under FSDP: every rank writes its own shard of the moments (checkpoint/optimizer/, one
+safetensors file per rank, oarctl/sharded_state.py) in parallel, into the checkpoint's temporary folder
+before rank 0 adds the rest; nothing of it is gathered. Any rank count reads it (DCP reshards), and one
+process or DDP reads it whole, so FSDP, DDP and one process continue each other's checkpoints; FSDP
+also reads one process's `optimizer.safetensors` (rank 0 reads, torch scatters it into the shards).
 Under DeepSpeed ZeRO-3 the partitioned AdamW state is neither saved nor loaded: each step starts a
 fresh optimizer there (with a warning when the checkpoint has a state).
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -40,13 +42,17 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from oarctl.artifacts import make_table
+from oarctl import sharded_state
+from oarctl.artifacts import make_table, temporary_sibling
 from oarctl.batching import loss_share, pad_plan, plan_step
-from oarctl.checkpoints import OPTIMIZER_TENSORS, load_optimizer, load_policy, read_optimizer_state
-from oarctl.distributed import deepspeed, fsdp, make_accelerator, on_rank_zero, sharded
+from oarctl.checkpoints import (OPTIMIZER_STATE, OPTIMIZER_TENSORS, SHARDED_OPTIMIZER, load_optimizer, load_policy,
+                                read_optimizer_state, read_scalars)
+from oarctl.distributed import (deepspeed, fsdp, gather_to_rank_zero, make_accelerator, on_rank_zero,
+                                raise_on_every_rank, sharded)
+from oarctl.errors import OarError
 from oarctl.losses import policy_loss
 from oarctl.policy.logprobs import model_device, pad_rows, response_token_stats
-from oarctl.runner import StageContext, StageOutput
+from oarctl.runner import StageContext, StageOutput, Trained
 
 VERSION = "3"  # 2: under token-mean, losses and metrics weighted by token share; 3: entropy at the sampling temperature
 
@@ -178,9 +184,13 @@ def _optimizer(model, names: list[str], config, context: StageContext, accelerat
 
 
 def _load_fsdp_optimizer(model, optimizer, names: list[str], shapes: dict, directory, accelerator) -> None:
-    """Scatter the checkpoint's full AdamW state into this rank's shards (after `prepare`: the shards exist
-    only then). Rank 0 reads the files and torch broadcasts them tensor by tensor, so only rank 0 holds
-    the full state (2 x fp32 parameters: ~56 GB of CPU memory for 7B)."""
+    """Fill this rank's AdamW shards from the checkpoint (after `prepare`: the shards exist only then).
+    A sharded state (optimizer/, written by FSDP ranks) is read by every rank in parallel, each its own
+    slices, whatever rank count wrote it. A one-process state (optimizer.safetensors) is read by rank 0
+    and torch broadcasts it tensor by tensor into the shards."""
+    if (directory / SHARDED_OPTIMIZER).is_dir():
+        _load_sharded_optimizer(model, optimizer, directory, accelerator)
+        return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     if not (directory / OPTIMIZER_TENSORS).exists():  # every rank sees the same checkpoint
@@ -194,26 +204,49 @@ def _load_fsdp_optimizer(model, optimizer, names: list[str], shapes: dict, direc
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
-def _plain_name(fqn: str) -> str:
-    """A wrapped model's parameter name as `named_parameters()` of the plain model spells it."""
-    return fqn.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+def _load_sharded_optimizer(model, optimizer, directory: Path, accelerator) -> None:
+    """Every rank verifies its share of the shard files (each file hashed once in all), then reads the
+    slices of its own parameters."""
+    problem = sharded_state.verify_shared_out(directory, sharded_state.shard_files(directory),
+                                              accelerator.process_index, accelerator.num_processes)
+    raise_on_every_rank(problem, accelerator)
+    scalars = on_rank_zero(accelerator, lambda: read_scalars(directory))
+    shared = [scalars]
+    torch.distributed.broadcast_object_list(shared, src=0)  # numbers only: {"PARAMETER::step": float}
+    try:
+        sharded_state.load_shards(model, optimizer.optimizer, directory, shared[0])
+        problem = None
+    except OarError as error:
+        problem = str(error)
+    raise_on_every_rank(problem, accelerator)
+
+
+def _save_sharded_optimizer(model, optimizer, context: StageContext, accelerator) -> tuple[dict, dict]:
+    """Every FSDP rank writes its AdamW shard into the checkpoint's temporary folder (named by rank 0's
+    process, which writes the rest of the checkpoint there afterwards). Returns, on rank 0, ({relative
+    path: sha256} of the shards, their I/O); the rank-0 share of optimizer.json is written here too."""
+    shared = [str(temporary_sibling(context.output)) if accelerator.is_main_process else None]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    staging = Path(shared[0])
+    staging.mkdir(parents=True, exist_ok=True)
+    written, scalars = sharded_state.save_shards(model, optimizer.optimizer, staging, accelerator.process_index)
+    everyone = gather_to_rank_zero(written, accelerator)
+    if not accelerator.is_main_process:
+        return {}, {}
+    (staging / OPTIMIZER_STATE).write_text(json.dumps(scalars, sort_keys=True))
+    digests = {name: digest for entry in everyone for name, digest in entry["digests"].items()}
+    io = {"optimizer_shard_bytes": sum(entry["io"]["bytes"] for entry in everyone),
+          "optimizer_shard_write_seconds": round(max(entry["io"]["write_seconds"] for entry in everyone), 3),
+          "optimizer_shard_hash_seconds": round(max(entry["io"]["hash_seconds"] for entry in everyone), 3)}
+    return digests, io
 
 
 def _optimizer_state(model, optimizer, names: list[str], accelerator) -> dict | None:
-    """What `save_optimizer` writes, in `optimizer.state_dict()` form; None under ZeRO-3 (not saved) and on
-    ranks other than 0 under FSDP, whose full state is gathered to rank 0's CPU (call on every rank)."""
-    if deepspeed(accelerator):
+    """What `save_optimizer` writes, in `optimizer.state_dict()` form; None under ZeRO-3 (not saved) and
+    under FSDP (every rank writes its own shard: _save_sharded_optimizer)."""
+    if deepspeed(accelerator) or fsdp(accelerator):
         return None
-    if not fsdp(accelerator):
-        return optimizer.state_dict()  # DDP: every rank holds all of it
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=_offload_to_rank_zero(accelerator))
-    full = get_optimizer_state_dict(model, optimizer.optimizer, options=options)
-    if not accelerator.is_main_process:
-        return None
-    index = {name: i for i, name in enumerate(names)}
-    return {"state": {index[_plain_name(fqn)]: entry for fqn, entry in full["state"].items()}}
+    return optimizer.state_dict()  # DDP: every rank holds all of it
 
 
 def _offload_to_rank_zero(accelerator) -> bool:
@@ -232,18 +265,19 @@ def _gathered_weights(model, accelerator) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
-def _trained(model, tokenizer, optimizer, names: list[str], context: StageContext, accelerator):
-    """What the runner saves (rank 0 only): (model, tokenizer, optimizer or its state, names)."""
+def _trained(model, tokenizer, optimizer, names: list[str], context: StageContext, accelerator) -> Trained | None:
+    """What the runner saves (rank 0 only; None on the other ranks)."""
     if accelerator is None:
-        return model, tokenizer, optimizer, names
+        return Trained(model, tokenizer, optimizer, names)
     state_dict = _gathered_weights(model, accelerator)
     optimizer_state = _optimizer_state(model, optimizer, names, accelerator)
+    shards, io = _save_sharded_optimizer(model, optimizer, context, accelerator) if fsdp(accelerator) else ({}, {})
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return None
     if not sharded(accelerator):
-        return accelerator.unwrap_model(model), tokenizer, optimizer_state, names
-    return _plain_model(context.policy.path, state_dict), tokenizer, optimizer_state, names
+        return Trained(accelerator.unwrap_model(model), tokenizer, optimizer_state, names)
+    return Trained(_plain_model(context.policy.path, state_dict), tokenizer, optimizer_state, names, shards, io)
 
 
 def _plain_model(path, state_dict: dict):

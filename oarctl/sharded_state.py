@@ -1,0 +1,169 @@
+"""AdamW state under FSDP: every rank writes its own shard, in parallel; any number of ranks reads it.
+
+Gathering a 7B model's AdamW state (61 GB of fp32 moments) to rank 0 and writing it from there costs
+one rank's disk bandwidth and one rank's host memory. Instead each rank hands its shard to
+`torch.distributed.checkpoint` (DCP) with its safetensors storage (`HuggingFaceStorageWriter`,
+save_distributed): rank r writes `optimizer/shard-0000{r+1}-...safetensors`, holding its slices of
+every moment keyed `PARAMETER::exp_avg` / `PARAMETER::exp_avg_sq`, with the slices' offsets in the
+file's safetensors metadata. DCP's default metadata file is a pickle; this storage has none (the
+offsets are JSON in each file's header), so nothing here is ever unpickled. The scalar state (each
+parameter's step count) goes to `optimizer.json` as in the one-process format.
+
+Loading reshards: DCP's planner matches the slices a rank needs against the slices in the files, so an
+FSDP run over any number of ranks, or one process (`read_full_state`, full tensors), reads the state
+another rank count wrote. The one-process format (`optimizer.safetensors`, whole tensors) is read by
+oarctl.checkpoints and scattered by FSDP itself (oarctl/stages/update.py).
+
+Each rank hashes the file it wrote (sha256, while its bytes are still in the page cache) and rank 0
+records all digests in checkpoint.json; at load, the files are verified once in all, shared out over
+the ranks.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from oarctl.checkpoints import OPTIMIZER_STATE, SHARDED_OPTIMIZER, count_read, sha256_files, verify_checkpoint
+from oarctl.errors import OarError
+
+SCALAR_KEYS = ("step",)  # AdamW's per-parameter scalars: in optimizer.json, not in the shards
+
+
+def plain_name(fqn: str) -> str:
+    """A wrapped model's parameter name as `named_parameters()` of the plain model spells it."""
+    return fqn.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+
+
+def _sharded_optimizer_state(model, optimizer) -> dict:
+    """This rank's optimizer state dict: moments as ShardedTensor/DTensor slices, keyed by FQN."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=False))
+
+
+def _flat_moments(state: dict) -> dict:
+    """{"PARAMETER::exp_avg": slice, ...}: the tensors DCP writes (0-dim scalars stay out)."""
+    return {f"{plain_name(fqn)}::{key}": value for fqn, entry in state["state"].items()
+            for key, value in entry.items() if key not in SCALAR_KEYS}
+
+
+def scalars(state: dict) -> dict:
+    """{"PARAMETER::step": float}: the optimizer.json of this state (the same on every rank)."""
+    return {f"{plain_name(fqn)}::{key}": float(value) for fqn, entry in state["state"].items()
+            for key, value in entry.items() if key in SCALAR_KEYS}
+
+
+def save_shards(model, optimizer, checkpoint: Path, rank: int) -> tuple[dict, dict]:
+    """Write this rank's shard of the AdamW moments into checkpoint/optimizer/ (call on every rank).
+    Returns ({relative path: sha256} of the file this rank wrote, the scalar state)."""
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter, save
+
+    state = _sharded_optimizer_state(model, optimizer)
+    folder = checkpoint / SHARDED_OPTIMIZER
+    started = time.perf_counter()
+    save(_flat_moments(state), storage_writer=HuggingFaceStorageWriter(str(folder), save_distributed=True))
+    written = sorted(folder.glob(f"shard-{rank + 1:05d}-*.safetensors"))  # DCP numbers the ranks' files from 1
+    hashing = time.perf_counter()
+    digests = dict(zip((f"{SHARDED_OPTIMIZER}/{p.name}" for p in written), sha256_files(written)))
+    io = {"bytes": sum(p.stat().st_size for p in written), "write_seconds": hashing - started,
+          "hash_seconds": time.perf_counter() - hashing}
+    return {"digests": digests, "io": io}, scalars(state)
+
+
+def shard_files(checkpoint: Path) -> list[str]:
+    return sorted(f"{SHARDED_OPTIMIZER}/{p.name}" for p in (checkpoint / SHARDED_OPTIMIZER).glob("*.safetensors"))
+
+
+def _reader(checkpoint: Path):
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    return HuggingFaceStorageReader(str(checkpoint / SHARDED_OPTIMIZER))
+
+
+def _stored_shapes(checkpoint: Path) -> dict[str, torch.Size]:
+    """Full shape of every moment the shards hold (from the files' headers)."""
+    try:
+        metadata = _reader(checkpoint).read_metadata()
+    except Exception as error:  # a damaged header: safetensors and json raise several kinds
+        raise OarError(f"{checkpoint / SHARDED_OPTIMIZER}: cannot read the sharded optimizer state "
+                       f"({str(error).splitlines()[0][:200]})") from None
+    return {key: entry.size for key, entry in metadata.state_dict_metadata.items()}
+
+
+def _check_keys(checkpoint: Path, stored: dict, wanted: dict) -> None:
+    """The shards must hold exactly the moments this model's optimizer has, in its shapes."""
+    for key, shape in stored.items():
+        if key not in wanted:
+            raise OarError(f"{checkpoint}: sharded optimizer state for {key.partition('::')[0]!r}, "
+                           "which is not a parameter of this policy")
+        if tuple(shape) != tuple(wanted[key]):
+            raise OarError(f"{checkpoint}: optimizer {key.partition('::')[2]} of {key.partition('::')[0]} has "
+                           f"shape {tuple(shape)}, the parameter {tuple(wanted[key])}")
+
+
+def _load(target: dict, checkpoint: Path, no_dist: bool) -> None:
+    """DCP load into `target` (in place); counts the bytes of the slices this process asked for."""
+    from torch.distributed.checkpoint import load
+
+    started = time.perf_counter()
+    with warnings.catch_warnings():  # DCP warns that a no_dist load is one process: it is meant to be
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        load(target, storage_reader=_reader(checkpoint), no_dist=no_dist)
+    count_read(sum(_local_bytes(value) for value in target.values()), started)
+
+
+def _local_bytes(value) -> int:
+    if hasattr(value, "local_shards"):  # ShardedTensor (FSDP1): this rank's slices
+        return sum(shard.tensor.numel() * shard.tensor.element_size() for shard in value.local_shards())
+    if hasattr(value, "to_local"):  # DTensor (FSDP2)
+        value = value.to_local()
+    return value.numel() * value.element_size()
+
+
+def read_full_state(checkpoint: Path, shapes: dict[str, torch.Size], step_scalars: dict) -> dict[str, dict]:
+    """The sharded moments as whole tensors in this one process, keyed like read_optimizer_state:
+    {parameter: {"exp_avg": ..., "exp_avg_sq": ..., "step": ...}}."""
+    verify_checkpoint(checkpoint, lambda name: name.startswith(f"{SHARDED_OPTIMIZER}/"))
+    stored = _stored_shapes(checkpoint)
+    _check_keys(checkpoint, stored, {f"{name}::{key}": shape for name, shape in shapes.items()
+                                     for key in ("exp_avg", "exp_avg_sq")})
+    target = {key: torch.empty(shape, dtype=torch.float32) for key, shape in stored.items()}
+    _load(target, checkpoint, no_dist=True)
+    state: dict[str, dict] = {}
+    for key, value in [*target.items(), *((k, torch.tensor(v)) for k, v in step_scalars.items())]:
+        name, _, field = key.partition("::")
+        state.setdefault(name, {})[field] = value
+    return state
+
+
+def verify_shared_out(checkpoint: Path, names: list[str], rank: int, ranks: int) -> str | None:
+    """Verify files names[rank::ranks] (each file once over all ranks); the first problem, or None."""
+    mine = set(names[rank::ranks])
+    try:
+        verify_checkpoint(checkpoint, lambda name: name in mine)
+    except OarError as error:
+        return str(error)
+    return None
+
+
+def load_shards(model, optimizer, checkpoint: Path, step_scalars: dict) -> None:
+    """Fill this rank's FSDP optimizer shards from checkpoint/optimizer/, whatever rank count wrote it
+    (call on every rank, after `prepare`). The files were verified before (verify_shared_out)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    state = _sharded_optimizer_state(model, optimizer)  # initialises AdamW's state: the shapes to fill
+    moments = _flat_moments(state)
+    _check_keys(checkpoint, _stored_shapes(checkpoint), {key: value.shape for key, value in moments.items()})
+    _load(moments, checkpoint, no_dist=False)  # fills the slices in place
+    for fqn, entry in state["state"].items():
+        for key in SCALAR_KEYS:
+            if key in entry:
+                recorded = step_scalars.get(f"{plain_name(fqn)}::{key}")
+                if recorded is None:
+                    raise OarError(f"{checkpoint / OPTIMIZER_STATE}: no {key} for {plain_name(fqn)}")
+                entry[key] = torch.full_like(entry[key], recorded)
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
+                             options=StateDictOptions(full_state_dict=False))
