@@ -73,8 +73,8 @@ def _file_hashes(directory: Path, known: dict[str, str] | None = None) -> dict[s
     """{relative path: sha256} of every file under `directory`; `known` digests (files other ranks wrote
     and hashed) are taken as they are, not hashed again."""
     known = known or {}
-    names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
-    names = [name for name in names if name != MANIFEST]
+    files = [*directory.iterdir(), *(directory / SHARDED_OPTIMIZER).glob("*")]  # other folders: not ours
+    names = sorted(p.relative_to(directory).as_posix() for p in files if p.is_file() and p.name != MANIFEST)
     missing = [name for name in known if name not in names]
     if missing:
         raise OarError(f"{directory}: files written by other ranks are missing: {missing}")
