@@ -28,6 +28,9 @@ from safetensors.torch import load_file, save_file
 from oarctl.errors import OarError
 
 MANIFEST = "checkpoint.json"
+# weights in files of at most this size (transformers' default is 50GB: a 7B fp32 model in one file,
+# hashed by one thread); a small model stays one model.safetensors
+WEIGHT_FILE_SIZE = "4GB"
 OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_STATE = "optimizer.json"
 SHARDED_OPTIMIZER = "optimizer"  # folder of AdamW shards, one file per FSDP rank (oarctl/sharded_state.py)
@@ -241,7 +244,7 @@ def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_nam
 
     transformers_logging.disable_progress_bar()
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
+    model.save_pretrained(directory, safe_serialization=True, max_shard_size=WEIGHT_FILE_SIZE)
     tokenizer.save_pretrained(directory)
     if optimizer is not None:
         save_optimizer(optimizer, parameter_names, directory)

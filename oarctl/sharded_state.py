@@ -20,6 +20,7 @@ the ranks.
 """
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from pathlib import Path
@@ -30,6 +31,7 @@ from oarctl.checkpoints import OPTIMIZER_STATE, SHARDED_OPTIMIZER, count_read, s
 from oarctl.errors import OarError
 
 SCALAR_KEYS = ("step",)  # AdamW's per-parameter scalars: in optimizer.json, not in the shards
+FILES_PER_RANK = 4  # each rank's shard in this many files, so its hashing runs in as many threads
 
 
 def plain_name(fqn: str) -> str:
@@ -62,15 +64,29 @@ def save_shards(model, optimizer, checkpoint: Path, rank: int) -> tuple[dict, di
     from torch.distributed.checkpoint import HuggingFaceStorageWriter, save
 
     state = _sharded_optimizer_state(model, optimizer)
+    moments = _flat_moments(state)
     folder = checkpoint / SHARDED_OPTIMIZER
     started = time.perf_counter()
-    save(_flat_moments(state), storage_writer=HuggingFaceStorageWriter(str(folder), save_distributed=True))
+    writer = HuggingFaceStorageWriter(str(folder), fqn_to_index_mapping=file_of_each(moments), save_distributed=True)
+    save(moments, storage_writer=writer)
     written = sorted(folder.glob(f"shard-{rank + 1:05d}-*.safetensors"))  # DCP numbers the ranks' files from 1
     hashing = time.perf_counter()
     digests = dict(zip((f"{SHARDED_OPTIMIZER}/{p.name}" for p in written), sha256_files(written)))
     io = {"bytes": sum(p.stat().st_size for p in written), "write_seconds": hashing - started,
           "hash_seconds": time.perf_counter() - hashing}
     return {"digests": digests, "io": io}, scalars(state)
+
+
+def file_of_each(moments: dict) -> dict[str, int]:
+    """{key: file number 1..FILES_PER_RANK}, the largest moments first, each to the least-filled file (the
+    same on every rank: by full sizes, not by this rank's slices)."""
+    sizes = {key: math.prod(value.size()) for key, value in moments.items()}  # ShardedTensor has no numel()
+    totals, assigned = [0] * FILES_PER_RANK, {}
+    for key in sorted(sizes, key=lambda k: (-sizes[k], k)):
+        target = totals.index(min(totals))
+        totals[target] += sizes[key]
+        assigned[key] = target + 1
+    return assigned
 
 
 def shard_files(checkpoint: Path) -> list[str]:

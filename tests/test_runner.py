@@ -374,3 +374,19 @@ def test_a_process_verifies_what_it_reads(settings, rollouts, tmp_path, tiny_pol
     with pytest.raises(OarError, match="optimizer.safetensors does not match its recorded hash"):
         run_stage("update", config, {"advantages": advantages}, tmp_path / "next", policy_path=output, step=1,
                   log=quiet)
+
+
+def test_large_weights_are_saved_in_several_files_that_load_back(tiny_policy, tmp_path, monkeypatch):
+    """checkpoints.WEIGHT_FILE_SIZE splits the weights (a 7B fp32 model: 8 files, hashed in 8 threads);
+    every file is recorded and the model loads back whole."""
+    from oarctl import checkpoints
+
+    model, tokenizer = checkpoints.load_policy(tiny_policy)
+    monkeypatch.setattr(checkpoints, "WEIGHT_FILE_SIZE", "30KB")  # the test policy is ~100 KB in fp32
+    checkpoints.save_policy(model, tokenizer, tmp_path / "policy")
+    files = sorted(p.name for p in (tmp_path / "policy").glob("model-*.safetensors"))
+    recorded = json.loads((tmp_path / "policy" / "checkpoint.json").read_text())["files"]
+    assert len(files) >= 3 and set(files) <= recorded.keys()
+    loaded, _ = checkpoints.load_policy(tmp_path / "policy")
+    expected = model.state_dict()
+    assert all(torch.equal(value, expected[name]) for name, value in loaded.state_dict().items())
