@@ -169,11 +169,18 @@ def test_a_gpu_check_log_is_read_and_set_beside_the_prediction(tmp_path):
 
 
 def test_checkpoint_io_counts_every_loading_process():
-    setting = _setting("configs/qwen2.5-7b/oar-g.yaml")
+    from oarctl import checkpoints, sharded_state
+
+    assert (scale.FILES_PER_RANK, scale.WEIGHT_FILE_BYTES) == (sharded_state.FILES_PER_RANK, 4e9)
+    assert checkpoints.WEIGHT_FILE_SIZE == "4GB"
+    setting = _setting("configs/qwen2.5-7b/oar-g.yaml")  # FSDP over 8 ranks
     P = scale.parameters(setting.shape)
-    terms = {name.split(":")[0]: (size, seconds) for name, size, seconds in scale.checkpoint_io(setting, HW, 3.0, 1.0)}
-    assert terms["update rank 0 writes weights + AdamW"] == (12 * P, pytest.approx(12 * P / (3.0 * scale.GB)))
-    assert terms["update rank 0 hashes what it wrote"][1] == pytest.approx(8 * P / scale.GB)  # AdamW: the largest file
-    assert terms["8 attribute ranks load and verify"][0] == 8 * 4 * P  # each rank hashes the fp32 weights once
+    terms = {name.split(":")[0] + ":" + name.split(":")[1] if ":" in name else name: (size, seconds)
+             for name, size, seconds in scale.checkpoint_io(setting, HW, 3.0, 1.0)}
+    assert terms["AdamW: 8 rank(s) write their share at once"] == (8 * P, pytest.approx(P / (3.0 * scale.GB)))
+    assert terms["AdamW: each writer hashes its share"][1] == pytest.approx(P / (4 * scale.GB))  # in 4 files
+    files = math.ceil(4 * P / 4e9)
+    assert terms[f"weights: rank 0 hashes them ({files} files)"][1] == pytest.approx(4 * P / (min(8, files) * scale.GB))
+    assert terms["8 attribute ranks load and verify the weights"][0] == 8 * 4 * P  # each rank hashes them once
     uniform = _setting("configs/qwen2.5-7b/grpo.yaml")
     assert not any("attribute" in name for name, _, _ in scale.checkpoint_io(uniform, HW, 3.0, 1.0))
