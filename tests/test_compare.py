@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 
@@ -66,3 +67,31 @@ def test_compare_errors_name_the_run(cli, tmp_path):
     failed = cli("compare", tmp_path / "not_a_run", "-o", tmp_path / "c.html")
     assert failed.exit_code == 2 and "config.yaml" in failed.stderr and len(failed.stderr.splitlines()) == 1
     assert not (tmp_path / "c.html").exists()
+
+
+def test_paired_differences_to_grpo_with_a_t_interval_computed_by_hand(cli, tmp_path):
+    """Seeds 0-2: truth - uniform = +4, +6, +8 points: mean 6, sample std 2, t(2) = 4.303, so the
+    half-width is 4.303 * 2 / sqrt(3) = 4.97 points: [+1.0, +11.0], excludes 0. random: +2, -2, 0 ->
+    mean 0, std 2, [-5.0, +5.0]. A method without two shared seeds gets no row."""
+    runs = []
+    for seed, (base, truth, chance) in enumerate([(0.30, 0.34, 0.32), (0.40, 0.46, 0.38), (0.50, 0.58, 0.50)]):
+        runs += [fake_run(tmp_path / f"u{seed}", "uniform", seed, [0.3, base], [0.1], 1.0),
+                 fake_run(tmp_path / f"t{seed}", "truth", seed, [0.3, truth], [0.1], 1.0),
+                 fake_run(tmp_path / f"r{seed}", "random", seed, [0.3, chance], [0.1], 1.0)]
+    runs.append(fake_run(tmp_path / "g9", "oar_g", 9, [0.3, 0.9], [0.1], 1.0))  # seed 9 has no uniform run
+    result = cli("compare", *runs, "-o", tmp_path / "compare.html")
+    assert result.exit_code == 0, result.output
+    rows = {line.split(" | ")[0].strip("| "): line for line in result.stdout.split("Paired difference")[1].splitlines()
+            if line.startswith("| ")}
+    assert rows["truth"] == "| truth | 3 | +6.0 | [+1.0, +11.0] | 3/3 | yes |"
+    assert rows["random"] == "| random | 3 | +0.0 | [-5.0, +5.0] | 1/3 | no |"
+    assert "oar_g" not in rows and "uniform" not in rows
+    assert "Paired differences to uniform" in (tmp_path / "compare.html").read_text()
+
+
+def test_t_quantiles_match_the_table_and_join_the_normal_limit():
+    from oarctl.report.compare import t_975
+
+    assert (t_975(1), t_975(4), t_975(30)) == (12.706, 2.776, 2.042)
+    assert t_975(31) == pytest.approx(2.040, abs=2e-3) and t_975(120) == pytest.approx(1.980, abs=2e-3)
+    assert all(t_975(d) > t_975(d + 1) > 1.959964 for d in range(1, 200))

@@ -4,7 +4,10 @@ Per run: attribute.method and run.seed from its config.yaml, accuracies from the
 metrics.jsonl, the first eval at or above the target accuracy, and wall time per step = the sum of
 the step's stage `wall_seconds` (from the `*.manifest.json` beside each step output; a cache hit
 keeps the time of the run that computed it), averaged over steps. Per method: mean +- std over
-seeds (sample std, 0 for one seed). Writes a Markdown table and an HTML page with the overlaid
+seeds (sample std, 0 for one seed). With `uniform` (GRPO) runs present, a second table gives each
+method's paired difference to it: the same seed draws the same prompts and held-out set and starts
+from the same base, so greedy(method, seed) - greedy(uniform, seed) removes the seed-to-seed spread;
+mean and a 95% Student-t interval over the seeds. Writes a Markdown table and an HTML page with the overlaid
 curves (mean over seeds, min-max band) embedded, plus the curves as PNGs beside the page.
 """
 from __future__ import annotations
@@ -21,6 +24,11 @@ from oarctl.errors import OarError
 from oarctl.report.run_report import _data_uri, eval_series, read_metrics, sampled_key, step_series
 
 DEFAULT_TARGET = 0.45  # held-out greedy accuracy for "steps to target" (the demo's trained level)
+BASELINE = "uniform"  # plain GRPO: the paired differences are taken to it
+# Student t 0.975 quantiles for 1..30 degrees of freedom (standard tables), for 95% intervals
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
 
 
 @dataclass
@@ -97,6 +105,44 @@ def markdown_table(groups: dict[str, list[RunSummary]], target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def t_975(degrees: int) -> float:
+    """The 0.975 quantile of Student's t: the table to 30 degrees, then the Cornish-Fisher series."""
+    if degrees <= len(T_975):
+        return T_975[degrees - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * degrees) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * degrees ** 2)
+
+
+def paired_differences(groups: dict[str, list[RunSummary]], baseline: str = BASELINE) -> list[dict]:
+    """Per method, greedy accuracy minus the baseline's at the same seed (same prompts, same base):
+    mean, 95% t-interval, pairs, and how many seeds the method won. Methods without 2 shared seeds
+    are left out (no interval)."""
+    reference = {r.seed: r.greedy for r in groups.get(baseline, [])}
+    rows = []
+    for method, runs in groups.items():
+        differences = [r.greedy - reference[r.seed] for r in runs if r.seed in reference]
+        if method == baseline or len(differences) < 2:
+            continue
+        mean, spread = float(np.mean(differences)), float(np.std(differences, ddof=1))
+        half = t_975(len(differences) - 1) * spread / np.sqrt(len(differences))
+        rows.append({"method": method, "pairs": len(differences), "mean": mean, "low": mean - half,
+                     "high": mean + half, "wins": sum(d > 0 for d in differences)})
+    return rows
+
+
+def paired_table(groups: dict[str, list[RunSummary]], baseline: str = BASELINE) -> str:
+    rows = paired_differences(groups, baseline)
+    if not rows:
+        return ""
+    lines = [f"\nPaired difference to {baseline} (greedy accuracy, points; same seed = same prompts and base):\n",
+             "| method | pairs | mean difference | 95% CI | seeds won | CI excludes 0 |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        excludes = "yes" if r["low"] > 0 or r["high"] < 0 else "no"
+        lines.append(f"| {r['method']} | {r['pairs']} | {100 * r['mean']:+.1f} | [{100 * r['low']:+.1f}, "
+                     f"{100 * r['high']:+.1f}] | {r['wins']}/{r['pairs']} | {excludes} |")
+    return "\n".join(lines) + "\n"
+
+
 def _band(runs: list[RunSummary], series) -> tuple | None:
     """x values shared by every seed, with the mean, min and max of y there."""
     curves = [dict(zip(*series(r.lines))) for r in runs]
@@ -122,7 +168,8 @@ def curve_images(groups: dict[str, list[RunSummary]]) -> dict[str, bytes]:
 
 
 def _html_table(markdown: str) -> str:
-    rows = [line.strip("|").split(" | ") for line in markdown.strip().splitlines() if not line.startswith("|---")]
+    rows = [line.strip("|").split(" | ") for line in markdown.strip().splitlines()
+            if line.startswith("|") and not line.startswith("|---")]
     cells = lambda row, tag: "".join(f"<{tag}>{html.escape(c.strip())}</{tag}>" for c in row)  # noqa: E731
     return ("<table><tr>" + cells(rows[0], "th") + "</tr>"
             + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows[1:]) + "</table>")
@@ -136,7 +183,8 @@ def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None
     groups: dict[str, list[RunSummary]] = {}
     for summary in sorted((summarise(d, target) for d in run_dirs), key=lambda s: (s.method, s.seed)):
         groups.setdefault(summary.method, []).append(summary)
-    table, images = markdown_table(groups, target), curve_images(groups)
+    main, paired, images = markdown_table(groups, target), paired_table(groups), curve_images(groups)
+    table = main + paired
     for name, png in images.items():
         write_bytes_atomically(output.parent / output.stem / f"{name}.png", png)
     write_bytes_atomically(output.with_suffix(".md"), table)
@@ -144,7 +192,8 @@ def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None
     style = "body{font-family:sans-serif;margin:24px}td,th{border:1px solid #ccc;padding:4px 8px}" \
             "table{border-collapse:collapse}img{width:520px;margin:6px}"
     write_bytes_atomically(output, f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>oarctl compare</title>'
-                                   f'<style>{style}</style></head><body><h1>Runs compared</h1>{_html_table(table)}'
+                                   f'<style>{style}</style></head><body><h1>Runs compared</h1>{_html_table(main)}'
+                                   f'{"<h2>Paired differences to " + BASELINE + "</h2>" + _html_table(paired) if paired else ""}'
                                    f'<h2>Curves</h2>{figures}</body></html>')
     log(f"compare: {sum(len(r) for r in groups.values())} runs, {len(groups)} methods -> {output}")
     return table
