@@ -20,6 +20,7 @@ from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
 from oarctl.checkpoints import (HASHING, load_policy, load_tokenizer, policy_identity, replace_directory, save_policy,
                                 sha256_file)
 from oarctl.errors import InputError, OarError
+from oarctl.policy.canary import write_reference
 
 
 @dataclass
@@ -175,7 +176,8 @@ def _write_outputs(stage, result: StageOutput, output: Path) -> tuple[str, dict]
     shutil.rmtree(temporary, ignore_errors=True)
     hashed, started = dict(HASHING), time.perf_counter()
     identity = save_policy(model, tokenizer, temporary, optimizer, names,
-                           extra_files=[lambda d: write_parquet(result.table, d / "update.parquet")])
+                           extra_files=[lambda d: write_parquet(result.table, d / "update.parquet"),
+                                        lambda d: write_reference(model, tokenizer, d)])  # the vLLM canary's
     io = {"checkpoint_bytes_written": _folder_bytes(temporary),
           "checkpoint_bytes_hashed": HASHING["bytes"] - hashed["bytes"],
           "checkpoint_hash_seconds": round(HASHING["seconds"] - hashed["seconds"], 3)}
