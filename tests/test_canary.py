@@ -46,6 +46,21 @@ def test_the_reference_is_the_greedy_continuation_and_its_teacher_forced_logprob
     assert canary.validate(json.loads(json.dumps(reference)), "x") == reference
 
 
+def test_a_model_assembled_on_meta_from_gathered_weights_gives_the_same_reference(tiny_policy, loaded):
+    """What an update under FSDP holds on rank 0 (update._plain_model): no rotary buffers until the
+    reference recomputes them."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model, tokenizer = loaded
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_policy))
+    plain.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, strict=False, assign=True)
+    plain.tie_weights()
+    assert any(buffer.is_meta for buffer in plain.buffers())
+    assert canary.compute_reference(plain, tokenizer) == canary.compute_reference(model, tokenizer)
+
+
 def test_a_checkpoint_carries_its_reference_listed_in_checkpoint_json(checkpoint, loaded):
     recorded = json.loads((checkpoint / "checkpoint.json").read_text())["files"]
     assert canary.FILE in recorded

@@ -58,6 +58,7 @@ def compute_reference(model, tokenizer, tokens: int = REFERENCE_TOKENS) -> dict:
     from oarctl.policy.vllm_backend import teacher_forced_logprobs
 
     prompt = canary_prompt(tokenizer)
+    _materialize_meta_buffers(model)
     with torch.no_grad():
         greedy = transformers_backend.generate(model, tokenizer, [prompt], temperature=0, top_p=1.0,
                                                max_new_tokens=tokens, seed=0)[0]
@@ -65,6 +66,22 @@ def compute_reference(model, tokenizer, tokens: int = REFERENCE_TOKENS) -> dict:
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return {"version": VERSION, "problem": CANARY_PROBLEM, "prompt_token_ids": prompt,
             "token_ids": greedy.token_ids, "logprobs": [float(value) for value in logprobs], "dtype": dtype}
+
+
+def _materialize_meta_buffers(model) -> None:
+    """Give buffers left on the meta device their values. A model assembled from gathered weights on
+    the meta device (an update under FSDP: update._plain_model) has no non-persistent buffers, e.g.
+    the rotary `inv_freq`: save_pretrained never needs them, a forward does. They are recomputed by
+    transformers' own initializer, on modules that hold such buffers and no parameters of their own
+    (so no weight is ever re-initialised); anything still on meta is a clear error."""
+    device = next(model.parameters()).device
+    for module in model.modules():
+        if any(b.is_meta for b in module.buffers(recurse=False)) and not any(True for _ in module.parameters(recurse=False)):
+            module.to_empty(device=device, recurse=False)
+            model._init_weights(module)
+    left = [name for name, buffer in model.named_buffers() if buffer.is_meta]
+    if left:
+        raise OarError(f"canary reference: the model has buffers without values ({', '.join(left[:3])})")
 
 
 def write_reference(model, tokenizer, directory: Path) -> None:
