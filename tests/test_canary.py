@@ -86,6 +86,21 @@ def test_a_tampered_reference_is_refused_by_its_recorded_hash(checkpoint):
         canary.reference_for(Policy(checkpoint))
 
 
+def test_the_engine_side_verifies_what_engines_read_and_not_the_optimizer_state(tmp_path, loaded):
+    model, tokenizer = loaded
+    folder = tmp_path / "policy"
+    save_policy(model, tokenizer, folder, extra_files=[lambda d: canary.write_reference(model, tokenizer, d),
+                                                       lambda d: (d / "optimizer-00001.safetensors").write_bytes(b"x")])
+    (folder / "optimizer-00001.safetensors").write_bytes(b"y")  # not read by engines: not hashed for them
+    assert canary.reference_for(Policy(folder))["version"] == canary.VERSION
+    canary._references.clear()
+    with open(folder / "model.safetensors", "r+b") as weights:
+        weights.seek(-1, 2)
+        weights.write(b"!")
+    with pytest.raises(OarError, match="checkpoint file model.safetensors does not match its recorded hash"):
+        canary.reference_for(Policy(folder))
+
+
 def _valid() -> dict:
     return {"version": 1, "problem": "p", "prompt_token_ids": [1, 2], "token_ids": [3, 4], "logprobs": [-0.1, -2.0],
             "dtype": "float32"}

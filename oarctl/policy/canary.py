@@ -139,14 +139,23 @@ def read_reference(directory: Path) -> dict:
 def _verified_checkpoint_reference(directory: Path) -> dict:
     """canary.json of a checkpoint we wrote, after checking what vLLM will read against checkpoint.json
     (weights, config, tokenizer, canary.json; each file hashed at most once per process)."""
-    from oarctl.checkpoints import LOG_FILES, MANIFEST, OPTIMIZER_FILES, verify_checkpoint
+    from oarctl.checkpoints import MANIFEST, verify_checkpoint
 
     recorded = json.loads((directory / MANIFEST).read_text())["files"]
     if (directory / FILE).exists() and FILE not in recorded:
         raise OarError(f"{directory / FILE}: not listed in {MANIFEST} (added after the checkpoint was written); "
                        f"rerun the update that wrote this folder with --force")
-    verify_checkpoint(directory, lambda name: name not in OPTIMIZER_FILES + LOG_FILES)
+    verify_checkpoint(directory, _read_by_engines)
     return read_reference(directory)
+
+
+def _read_by_engines(name: str) -> bool:
+    """What an engine reads of a checkpoint (vllm_backend.weights_folder leaves out any safetensors file
+    that is not the model's), plus canary.json; not the AdamW state or the update log."""
+    from oarctl.checkpoints import LOG_FILES, OPTIMIZER_FILES
+
+    optimizer = name.endswith(".safetensors") and not name.startswith("model")
+    return not optimizer and name not in OPTIMIZER_FILES + LOG_FILES
 
 
 def reference_for(policy) -> dict:
