@@ -101,7 +101,8 @@ def test_the_engine_verdict_passes_only_an_in_place_reload_that_passed_the_canar
 
 def test_the_report_shows_the_overhead_of_each_part():
     note = _gpu_check()._note
-    assert note("twostep2_sample", 10.0, REUSED) == "25600 tokens, 2560 tokens/s; engine reloaded (3.2 s), canary 0.04 s"
+    assert note("twostep2_sample", 10.0, REUSED) == \
+        "25600 tokens, 2560 tokens/s; engine reloaded (3.2 s), canary 0.04 s"
     assert note("sample", 10.0, {"responses": 2, "response_length_mean": 5.0}) == "10 tokens, 1 tokens/s"
     update = {"checkpoint_write_seconds": 4.0, "checkpoint_hash_seconds": 1.5, "checkpoint_bytes_written": 2**31}
     assert note("twostep2_update", 60.0, update) == "checkpoint written in 4.0 s, hashed in 1.5 s (2.00 GiB)"

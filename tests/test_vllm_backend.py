@@ -150,7 +150,8 @@ def test_the_canary_teacher_forces_all_reference_tokens(served, tiny_policy):
     _, model, tokenizer, _ = served
     reference = canary.compute_reference(model, tokenizer)
     count = len(reference["token_ids"])
-    scored = vllm_backend.served_logprobs(_on(tiny_policy), reference["prompt_token_ids"] + reference["token_ids"], count)
+    tokens = reference["prompt_token_ids"] + reference["token_ids"]
+    scored = vllm_backend.served_logprobs(_on(tiny_policy), tokens, count)
     assert len(scored) == count and max(abs(a - b) for a, b in zip(scored, reference["logprobs"])) < 1e-4
 
 
@@ -311,8 +312,8 @@ def test_the_worker_hook_bites(no_models_in_workers, tiny_policy):
     import subprocess
     import sys
 
-    loading = subprocess.run([sys.executable, "-c", f"from oarctl.checkpoints import load_policy; "
-                                                    f"load_policy({str(tiny_policy)!r})"], capture_output=True, text=True)
+    command = f"from oarctl.checkpoints import load_policy; load_policy({str(tiny_policy)!r})"
+    loading = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True)
     assert loading.returncode != 0 and REFUSAL in loading.stderr
 
 

@@ -76,7 +76,8 @@ def _materialize_meta_buffers(model) -> None:
     (so no weight is ever re-initialised); anything still on meta is a clear error."""
     device = next(model.parameters()).device
     for module in model.modules():
-        if any(b.is_meta for b in module.buffers(recurse=False)) and not any(True for _ in module.parameters(recurse=False)):
+        own_parameters = any(True for _ in module.parameters(recurse=False))
+        if any(b.is_meta for b in module.buffers(recurse=False)) and not own_parameters:
             module.to_empty(device=device, recurse=False)
             model._init_weights(module)
     left = [name for name, buffer in model.named_buffers() if buffer.is_meta]
@@ -182,7 +183,8 @@ def computed_in_subprocess(directory: Path, device: str) -> dict:
         finished = subprocess.run([sys.executable, "-m", "oarctl.policy.canary", str(directory), str(output), device],
                                   capture_output=True, text=True)
         if finished.returncode != 0:
-            lines = [line for line in finished.stderr.splitlines() if line.strip()] or [f"exit code {finished.returncode}"]
+            lines = ([line for line in finished.stderr.splitlines() if line.strip()]
+                     or [f"exit code {finished.returncode}"])
             message = lines[-1].removeprefix("error: ")
             raise OarError(message if message.startswith(str(directory)) else
                            f"{directory}: cannot compute the canary reference ({message})")

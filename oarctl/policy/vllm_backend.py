@@ -350,7 +350,8 @@ def served_engine(policy, in_place: bool | None = None, reference: dict | None =
             report["canary_failures"] = 1
             started = time.perf_counter()
             llm, _ = engine(policy.path, settings, identity, in_place=False)  # the check released it: rebuild
-            report.update(engine="built", engine_load_seconds=report["engine_load_seconds"] + time.perf_counter() - started)
+            report["engine"] = "built"
+            report["engine_load_seconds"] += time.perf_counter() - started
             report["canary_seconds"] += _checked(llm, reference, policy.path, settings)
     set_load_report(report)
     return llm
