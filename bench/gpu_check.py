@@ -5,6 +5,7 @@
                                               # 1.5B-shaped Qwen2, then long-response attribution
     python bench/gpu_check.py --tiny          # the same pipeline on CPU at toy size, transformers backend
     python bench/gpu_check.py --parts long    # only the long-response attribution (and its update)
+    python bench/gpu_check.py --parts twostep # two RL steps in a row: is the vLLM engine kept?
 
 Part `long` (issue 14): synthetic rollouts of `--long-tokens` (2,048) toy tokens each, two groups of
 `--group` with mixed rewards, go through the real stages: the attribute stage in bfloat16 with
@@ -18,6 +19,15 @@ After the step's update in this process, the same update runs again under `accel
 configs/accelerate/fsdp.yaml over every visible GPU (--tiny: cpu-fsdp-2proc.yaml, two CPU ranks),
 as `oarctl run` does with update.accelerate_config, and the largest weight difference between the
 two checkpoints is printed (its peak memory is the launched processes', not measured here).
+
+Part `twostep` (issue 15): one RL step (sample, verify, attribute oar_g, reshape, update), then the
+next on the checkpoint that update wrote, in this process as `oarctl run` chains them: after each
+sample the engines rest (`rest_generation_engines`: asleep on a GPU), and the second sample must
+find its engine kept and the new weights loaded in place (`engine: reloaded`, canary passed), else
+the part fails. Each row is one part's seconds: sample (its engine load and canary in the notes),
+resting the engines, verify, attribute, reshape, update (writing and hashing the checkpoint, with
+its canary.json, in the notes). Without vLLM (the device image may lack it: sampling falls back to
+transformers) the part says so and skips the engine-reuse check.
 
 The model is randomly initialised with Qwen2.5-1.5B's configuration (hidden 1536, 28 layers,
 12 heads, 2 key/value heads, intermediate 8960, vocab 151,936, tied embeddings) and saved in fp32;
@@ -47,22 +57,26 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_
             intermediate_size=128, vocab_size=1000, max_position_embeddings=512, rope_theta=1e4)
 
 
-def _arguments():
+PARTS = ("step", "long", "twostep")
+
+
+def _arguments(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="toy size on CPU with the transformers backend")
     parser.add_argument("--workdir", default="runs/gpu_check", help="model, artifacts and the new policy go here")
     parser.add_argument("--prompts", type=int, default=16, help="sample.prompts_per_step")
     parser.add_argument("--group", type=int, default=8, help="sample.group_size")
     parser.add_argument("--tokens", type=int, default=256, help="sample.max_new_tokens")
-    parser.add_argument("--parts", nargs="+", default=["step", "long"], choices=["step", "long"],
-                        help="step: one sampled RL step; long: long-response attribution and update")
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
+                        help="step: one sampled RL step; long: long-response attribution and update; "
+                             "twostep: two RL steps in a row, the vLLM engine kept between them")
     parser.add_argument("--backend", default="auto", choices=["auto", "vllm", "transformers"],
                         help="sampling backend (auto: vLLM when installed)")
     parser.add_argument("--long-tokens", type=int, default=2048, help="part long: response tokens")
     parser.add_argument("--exact-rows", type=int, default=2, help="part long: responses exact oar_p scores")
     parser.add_argument("--budget", type=int, default=LONG_BUDGET, help="part long: attribute.max_batch_tokens")
     parser.add_argument("--chunk", type=int, default=LONG_CHUNK, help="attribute.chunk_size (OAR-P)")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def _build_policy(folder: Path, shape: dict) -> Path:
@@ -117,12 +131,13 @@ def _peak_gib() -> float:
     return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
 
 
-def _run(name, config, inputs, output, policy, rows):
+def _run(name, config, inputs, output, policy, rows, step=0):
     from oarctl.pipeline import run_stage
 
     _peak_reset()
     started = time.perf_counter()
-    manifest, _ = run_stage(name, config, inputs, output, policy_path=policy, force=True, log=lambda *a: None)
+    manifest, _ = run_stage(name, config, inputs, output, step=step, policy_path=policy, force=True,
+                            log=lambda *a: None)
     rows.append((output.stem if name == "attribute" else name, time.perf_counter() - started,
                  _peak_gib(), manifest["metrics"]))
     return output
@@ -147,6 +162,57 @@ def _step(args, work: Path, policy: Path) -> list:
     _run("update", config, {"advantages": advantages}, work / "policy_next", policy, rows)
     _launched_fsdp_update(args, config, advantages, work, policy, rows)
     return rows
+
+
+def _two_steps(args, work: Path, policy: Path) -> list:
+    """Part twostep: two RL steps in a row, the second on the first's checkpoint; a verdict row last."""
+    from oarctl.artifacts import write_parquet
+    from oarctl.config import load_config
+    from oarctl.data import toy_prompts
+
+    config = load_config(None, _overrides(args, policy) + ["attribute.method=oar_g"])
+    folder = work / "twostep"
+    folder.mkdir(parents=True, exist_ok=True)
+    prompts = folder / "prompts.parquet"
+    write_parquet(toy_prompts("train", 2 * args.prompts, config.data.toy_levels), prompts)
+    rows: list = []
+    for step in (0, 1):
+        before = len(rows)
+        policy = _one_step(config, prompts, folder / f"step_{step}", policy, step, rows)
+        rows[before:] = [(f"twostep{step + 1}_{name}", *rest) for name, *rest in rows[before:]]
+    second_sample = next(metrics for name, _, _, metrics in rows if name == "twostep2_sample")
+    ok, verdict = engine_reuse_verdict(_backend(args), second_sample)
+    rows.append(("twostep engine", float("nan"), float("nan"), {"verdict": verdict, "ok": ok}))
+    return rows
+
+
+def _one_step(config, prompts: Path, folder: Path, policy: Path, step: int, rows: list) -> Path:
+    """The five stages of `step` into `folder`, the engines rested after sampling as `oarctl run` does;
+    returns the new checkpoint."""
+    from oarctl.launch import rest_generation_engines
+
+    rollouts = _run("sample", config, {"prompts": prompts}, folder / "rollouts.parquet", policy, rows, step)
+    started = time.perf_counter()
+    rest_generation_engines()
+    rows.append(("rest_engines", time.perf_counter() - started, _peak_gib(), {}))
+    verified = _run("verify", config, {"rollouts": rollouts}, folder / "verified.parquet", None, rows, step)
+    attributions = _run("attribute", config, {"verified": verified}, folder / "attribute_oar_g.parquet", policy,
+                        rows, step)
+    advantages = _run("reshape", config, {"attributions": attributions}, folder / "advantages.parquet", None, rows,
+                      step)
+    _run("update", config, {"advantages": advantages}, folder / "policy", policy, rows, step)
+    return folder / "policy"
+
+
+def engine_reuse_verdict(backend: str, second_sample: dict) -> tuple[bool, str]:
+    """(passed, one line) on how the second step's sample got its engine."""
+    if backend != "vllm":
+        return True, "vLLM not used (not installed, or --backend transformers): the engine-reuse check is skipped"
+    engine, failures = second_sample.get("engine"), second_sample.get("canary_failures", 0)
+    if engine == "reloaded" and not failures:
+        return True, (f"engine kept: new weights loaded in place in {second_sample['engine_load_seconds']:.1f} s, "
+                      f"canary {second_sample['canary_seconds']:.2f} s")
+    return False, f"engine NOT kept: {engine} (canary failures {failures}); expected an in-place reload"
 
 
 def _long_rollouts(args, path: Path, tokenizer) -> Path:
@@ -271,9 +337,14 @@ def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Pa
 
 
 def _note(name: str, seconds: float, metrics: dict) -> str:
-    if name == "sample":
+    if name.endswith("sample"):
         tokens = metrics["responses"] * metrics["response_length_mean"]
-        return f"{tokens:.0f} tokens, {tokens / seconds:.0f} tokens/s"
+        return f"{tokens:.0f} tokens, {tokens / seconds:.0f} tokens/s" + _engine_note(metrics)
+    if "verdict" in metrics:
+        return ("" if metrics["ok"] else "FAILED: ") + metrics["verdict"]
+    if name.endswith("update") and "checkpoint_write_seconds" in metrics:
+        return (f"checkpoint written in {metrics['checkpoint_write_seconds']:.1f} s, hashed in "
+                f"{metrics['checkpoint_hash_seconds']:.1f} s ({metrics['checkpoint_bytes_written'] / 2**30:.2f} GiB)")
     if name.startswith("update_fsdp"):
         return f"accelerate launch; weights differ from the in-process update by {metrics['weight_difference']:.2e}"
     if "agreement" in metrics:
@@ -281,6 +352,15 @@ def _note(name: str, seconds: float, metrics: dict) -> str:
     if "responses" in metrics:
         return f"{metrics['responses']} responses, {seconds / metrics['responses']:.2f} s each"
     return ""
+
+
+def _engine_note(metrics: dict) -> str:
+    """The vLLM sample's engine: how it was obtained, its load and canary seconds ('' without vLLM)."""
+    if "engine" not in metrics:
+        return ""
+    note = (f"; engine {metrics['engine']} ({metrics['engine_load_seconds']:.1f} s), "
+            f"canary {metrics['canary_seconds']:.2f} s")
+    return note + (f", {metrics['canary_failures']} canary failure(s)" if metrics["canary_failures"] else "")
 
 
 def _print_rows(rows) -> None:
@@ -296,12 +376,14 @@ def _run_parts(args, work: Path, policy: Path) -> tuple[float, list[str]]:
     print(f"{'stage':<40} {'seconds':>8} {'peak GiB':>9}  notes", flush=True)
     for part in args.parts:  # in the order given
         try:
-            rows = (_step if part == "step" else _long)(args, work, policy)
+            rows = {"step": _step, "long": _long, "twostep": _two_steps}[part](args, work, policy)
         except Exception:  # noqa: BLE001 - a GPU check reports every failure and goes on
             traceback.print_exc()
             failed.append(part)
             continue
         _print_rows(rows)
+        if any(metrics.get("ok") is False for *_, metrics in rows):
+            failed.append(part)
         total += sum(seconds for _, seconds, _, _ in rows if seconds == seconds)
     return total, failed
 

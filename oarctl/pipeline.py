@@ -21,7 +21,7 @@ import yaml
 from oarctl import config as config_module
 from oarctl.artifacts import write_bytes_atomically, write_parquet
 from oarctl.errors import OarError
-from oarctl.launch import accelerate_config, free_generation_engines, launch_stage
+from oarctl.launch import accelerate_config, launch_stage, rest_generation_engines
 from oarctl.logging_backends import MetricsSinks
 from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
                            why_stale)
@@ -224,8 +224,8 @@ def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force
         # a launched stage is written now: run_stage only reads its manifest
         manifest, _ = run_stage(name, config, inputs, output, step=step, policy_path=policy,
                                 force=force and name not in launched, log=log)
-        if name == "sample" and launched:
-            free_generation_engines()  # attribute gets whole GPUs too: the engines restart next step anyway
+        if name == "sample":
+            rest_generation_engines()  # attribute and update get the engines' memory; reloaded next step
         metrics[name] = manifest["metrics"]
         following = STEP_STAGES.index(name) + 1
         if following < len(STEP_STAGES):

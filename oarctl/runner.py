@@ -21,6 +21,7 @@ from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
 from oarctl.checkpoints import (HASHING, READING, load_policy, load_tokenizer, policy_identity, replace_directory,
                                 save_policy, sha256_file)
 from oarctl.errors import InputError, OarError
+from oarctl.policy.canary import write_reference
 
 
 @dataclass
@@ -187,7 +188,8 @@ def _write_outputs(stage, result: StageOutput, output: Path) -> tuple[str, dict]
     temporary = temporary_sibling(output)  # FSDP ranks may have written their AdamW shards there already
     hashed, started = dict(HASHING), time.perf_counter()
     identity = save_policy(trained.model, trained.tokenizer, temporary, trained.optimizer, trained.names,
-                           extra_files=[lambda d: write_parquet(result.table, d / "update.parquet")],
+                           extra_files=[lambda d: write_parquet(result.table, d / "update.parquet"),
+                                        lambda d: write_reference(trained.model, trained.tokenizer, d)],  # vLLM canary's
                            prewritten=trained.prewritten)
     io = {"checkpoint_bytes_written": _folder_bytes(temporary),
           "checkpoint_bytes_hashed": HASHING["bytes"] - hashed["bytes"] + trained.io.get("optimizer_shard_bytes", 0),

