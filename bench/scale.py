@@ -422,8 +422,7 @@ def sample_stage(setting: Setting, hw: Hardware) -> Cost:
     need = max(c.held_bytes for c in engines_costs)
     reserved = cfg.vllm.gpu_memory_utilization * hw.memory_gb * GB
     stage.hold(vllm_reserved=max(reserved, need))
-    if cfg.vllm.canary_tokens:
-        stage.hold(canary_fp32_model=parameters(s) * 4)  # each engine's canary check loads the policy in fp32
+    # no model copy for the canary: its reference travels with the checkpoint (oarctl/policy/canary.py)
     stage.hold(cuda_overhead=hw.overhead_gb * GB)
     stage.vllm_fits = need <= reserved
     biggest = max(engines_costs, key=lambda c: c.held_bytes)
