@@ -977,9 +977,9 @@ def calibrate() -> list[str]:
 
 # ---- checkpoint I/O per step --------------------------------------------------------------------
 
-WEIGHT_FILE_BYTES = 4e9  # oarctl.checkpoints.WEIGHT_FILE_SIZE: the weights in files of at most 4 GB
+WEIGHT_FILE_BYTES = 2e9  # oarctl.checkpoints.WEIGHT_FILE_SIZE: the weights in files of at most 2 GB
 HASH_THREADS = 8  # oarctl.checkpoints.sha256_files: up to 8 files of one checkpoint hashed at once
-FILES_PER_RANK = 4  # oarctl.sharded_state.FILES_PER_RANK (not imported here: it would import torch)
+FILES_PER_RANK = 8  # oarctl.sharded_state.FILES_PER_RANK (not imported here: it would import torch)
 
 
 def _hash_seconds(size: float, files: int, hash_bytes_per_s: float) -> float:
@@ -990,8 +990,8 @@ def _hash_seconds(size: float, files: int, hash_bytes_per_s: float) -> float:
 def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: float) -> list[tuple[str, float, float]]:
     """(term, bytes, seconds) of the checkpoint traffic on one step's critical path, as the code is today.
 
-    Saved: fp32 weights W = 4P by the update's rank 0 (files of WEIGHT_FILE_BYTES, hashed in threads), and
-    AdamW O = 8P: under FSDP each of the R ranks writes and hashes its own O/R at once (sharded_state, in
+    Saved: weights W = P x bytes of update.save_dtype by the update's rank 0 (files of WEIGHT_FILE_BYTES,
+    hashed in threads), and AdamW O = 8P, plus the fp32 weights 4P when W is 16-bit: under FSDP each of the R ranks writes and hashes its own O/R at once (sharded_state, in
     FILES_PER_RANK files), else rank 0 writes and hashes all of it. Loaded: every process that loads the
     policy (each vLLM engine's in-place reload, each attribute rank, each update rank) verifies the weight
     files it reads, once (processes in parallel); the first read comes from disk at `disk_gbps`, the
@@ -1002,7 +1002,9 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
     kept from step to step, so neither is a cost here."""
     s, cfg = setting.shape, setting.config
     P = parameters(s)
-    W, O = 4 * P, 8 * P
+    W, O = dtype_bytes(cfg.update.save_dtype) * P, 8 * P  # model.safetensors in update.save_dtype; AdamW fp32
+    if cfg.update.save_dtype != "float32":
+        O += 4 * P  # the fp32 weights travel with the AdamW state (sharded under FSDP)
     weight_files = max(1, math.ceil(W / WEIGHT_FILE_BYTES))
     disk, hashing = disk_gbps * GB, hash_gbps * GB
     engines = max(1, cfg.vllm.data_parallel_size) if cfg.policy.backend in ("vllm", "auto") else 1
@@ -1013,16 +1015,17 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
     writers = update_ranks if sharded else 1
     shard, shard_files = O / writers, FILES_PER_RANK if sharded else 1
     verify_weights = _hash_seconds(W, weight_files, hashing)
-    terms = [(f"AdamW: {writers} rank(s) write their share at once", O, shard / disk),
-             ("AdamW: each writer hashes its share", O, _hash_seconds(shard, shard_files, hashing)),
-             ("weights: rank 0 writes them", W, W / disk),
+    state = "AdamW + fp32 weights" if cfg.update.save_dtype != "float32" else "AdamW"
+    terms = [(f"{state}: {writers} rank(s) write their share at once", O, shard / disk),
+             (f"{state}: each writer hashes its share", O, _hash_seconds(shard, shard_files, hashing)),
+             (f"weights ({cfg.update.save_dtype}): rank 0 writes them", W, W / disk),
              (f"weights: rank 0 hashes them ({weight_files} files)", W, verify_weights),
              ("engines reload the weights in place (first read from disk)", engines * W, W / disk),
              (f"{engines} engines verify what they read", engines * W, verify_weights)]
     if attribute_ranks:
         terms.append((f"{attribute_ranks} attribute ranks load and verify the weights", attribute_ranks * W,
                       verify_weights))
-    terms.append((f"{update_ranks} update ranks verify the weights and AdamW ({'shared out' if sharded else 'rank 0'})",
+    terms.append((f"{update_ranks} update ranks verify the weights and {state} ({'shared out' if sharded else 'rank 0'})",
                   update_ranks * W + O, verify_weights + _hash_seconds(O / update_ranks if sharded else O,
                                                                        shard_files, hashing)))
     return terms
@@ -1036,11 +1039,11 @@ def print_checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_g
     for name, size, seconds in terms:
         print(f"     {name:<66} {size / GB:8.1f} GB {seconds:8.1f} s")
     share = total / (total + step_seconds)
-    P = parameters(setting.shape)
-    one_disk = 12 * P / (disk_gbps * GB)
+    written = sum(size for name, size, _ in terms if name.endswith(("at once", "writes them")))
+    one_disk = written / (disk_gbps * GB)
     print(f"     {'total':<66} {sum(b for _, b, _ in terms) / GB:8.1f} GB {total:8.1f} s = {share:.0%} of the step "
           f"({step_seconds:.1f} s of compute)")
-    print(f"     note: with one {disk_gbps} GB/s disk for the whole node, writing W + O alone takes {one_disk:.0f} s "
+    print(f"     note: with one {disk_gbps} GB/s disk for the whole node, the writes alone take {one_disk:.0f} s "
           f"= {one_disk / (one_disk + step_seconds):.0%} of the step, whatever the ranks do")
     if share <= 0.10:
         return f"PASS (d) {setting.path}: checkpoint I/O {share:.0%} of the step"

@@ -30,9 +30,10 @@ from oarctl.errors import OarError
 MANIFEST = "checkpoint.json"
 # weights in files of at most this size (transformers' default is 50GB: a 7B fp32 model in one file,
 # hashed by one thread); a small model stays one model.safetensors
-WEIGHT_FILE_SIZE = "4GB"
+WEIGHT_FILE_SIZE = "2GB"
 OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_STATE = "optimizer.json"
+MASTER_WEIGHTS = "master.safetensors"  # fp32 weights training continues from, when model.safetensors is 16-bit
 SHARDED_OPTIMIZER = "optimizer"  # folder of AdamW shards, one file per FSDP rank (oarctl/sharded_state.py)
 
 
@@ -97,7 +98,7 @@ def policy_identity(directory: str | Path) -> str:
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
-OPTIMIZER_FILES = (OPTIMIZER_TENSORS, OPTIMIZER_STATE)
+OPTIMIZER_FILES = (OPTIMIZER_TENSORS, OPTIMIZER_STATE, MASTER_WEIGHTS)
 LOG_FILES = ("update.parquet",)
 
 
@@ -199,10 +200,14 @@ def read_optimizer_state(directory: Path, shapes: dict[str, torch.Size]) -> dict
         from oarctl.sharded_state import read_full_state
 
         verify_checkpoint(directory, lambda name: name == OPTIMIZER_STATE)
-        return read_full_state(directory, shapes, read_scalars(directory))
+        state = read_full_state(directory, shapes)
+        for key, value in read_scalars(directory).items():
+            name, _, field = key.partition("::")
+            state.setdefault(name, {})[field] = torch.tensor(value)
+        return state
     if not (directory / OPTIMIZER_TENSORS).exists():
         return None
-    verify_checkpoint(directory, lambda name: name in OPTIMIZER_FILES)
+    verify_checkpoint(directory, lambda name: name in (OPTIMIZER_TENSORS, OPTIMIZER_STATE))
     started = time.perf_counter()
     try:
         tensors = load_file(directory / OPTIMIZER_TENSORS)
@@ -236,14 +241,64 @@ def load_optimizer(optimizer: torch.optim.Optimizer, names: list[str], directory
     return True
 
 
+def save_master(model, directory: Path) -> None:
+    """The fp32 parameters (tied ones once: named_parameters() lists them once) as master.safetensors."""
+    save_file({name: p.detach().float().cpu().contiguous() for name, p in model.named_parameters()},
+              directory / MASTER_WEIGHTS)
+
+
+def _read_master(directory: Path, shapes: dict) -> dict | None:
+    """{parameter: fp32 tensor} from master.safetensors or the FSDP shards; None when neither has it."""
+    if (directory / SHARDED_OPTIMIZER).is_dir():
+        from oarctl.sharded_state import MASTER, has_master, read_full_state
+
+        if not has_master(directory):
+            return None
+        return {name: entry[MASTER] for name, entry in read_full_state(directory, shapes, (MASTER,)).items()}
+    if not (directory / MASTER_WEIGHTS).exists():
+        return None
+    verify_checkpoint(directory, lambda name: name == MASTER_WEIGHTS)
+    started = time.perf_counter()
+    try:
+        master = load_file(directory / MASTER_WEIGHTS)
+    except (OSError, SafetensorError) as error:
+        raise OarError(f"{directory / MASTER_WEIGHTS}: cannot read the fp32 weights ({str(error).splitlines()[0]})") from None
+    count_read((directory / MASTER_WEIGHTS).stat().st_size, started)
+    return master
+
+
+def load_master(model, directory: Path, shards: bool = True) -> bool:
+    """Put the checkpoint's fp32 weights into the model's parameters (a model loaded from a 16-bit
+    model.safetensors), from master.safetensors or, with `shards`, the FSDP ranks' shards read whole;
+    False when the checkpoint has none (its model.safetensors is the fp32 weights)."""
+    parameters = dict(model.named_parameters())
+    if not shards and (directory / SHARDED_OPTIMIZER).is_dir():
+        return False
+    master = _read_master(directory, {name: p.shape for name, p in parameters.items()})
+    if master is None:
+        return False
+    if master.keys() != parameters.keys() or any(master[n].shape != parameters[n].shape for n in master):
+        raise OarError(f"{directory / MASTER_WEIGHTS}: its tensors are not this policy's parameters")
+    with torch.no_grad():
+        for name, parameter in parameters.items():
+            parameter.copy_(master[name])
+    return True
+
+
 def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_names=None, extra_files=(),
-                prewritten: dict[str, str] | None = None) -> str:
+                prewritten: dict[str, str] | None = None, save_dtype: str = "float32", master: bool = True) -> str:
     """Write a complete checkpoint into `directory` (a temporary folder) and its hash manifest.
-    `prewritten`: {relative path: sha256} of files other processes already wrote there (FSDP shards)."""
+    `prewritten`: {relative path: sha256} of files other processes already wrote there (FSDP shards).
+    `save_dtype` other than float32: model.safetensors in that dtype (the model is cast in place), and the
+    fp32 weights in master.safetensors unless `master` is False (FSDP ranks wrote them in their shards)."""
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
     directory.mkdir(parents=True, exist_ok=True)
+    if save_dtype != "float32":
+        if master:
+            save_master(model, directory)
+        model.to(getattr(torch, save_dtype))
     model.save_pretrained(directory, safe_serialization=True, max_shard_size=WEIGHT_FILE_SIZE)
     tokenizer.save_pretrained(directory)
     if optimizer is not None:

@@ -145,6 +145,9 @@ class UpdateConfig:
                                             "the backward (0: all at once)")
     bf16: bool = option(False, "bfloat16 autocast of the forward passes through accelerate (fp32 weights kept)")
     gradient_checkpointing: bool = option(False, "recompute activations in the backward pass to save memory")
+    save_dtype: str = option("float32", "dtype of the checkpoint's model.safetensors, the weights engines, attribute "
+                                        "and users read (bfloat16: half the bytes); the fp32 weights training "
+                                        "continues from are then kept beside the AdamW state")
     accelerate_config: str = option("", "accelerate config file: `oarctl run` starts each update with `accelerate "
                                         "launch --config_file FILE` (configs/accelerate/); empty: in the run's process")
 
@@ -310,6 +313,9 @@ def _check(condition: bool, message: str) -> None:
         raise OarError(f"config: {message}")
 
 
+SAVE_DTYPES = ("float32", "bfloat16", "float16")  # update.save_dtype
+
+
 def validate(config: Config) -> None:
     """Range checks that types alone do not catch; names are checked against the registries."""
     _check(config.run.steps >= 0, "run.steps must be >= 0")
@@ -351,6 +357,7 @@ def validate(config: Config) -> None:
     _check(config.evaluate.max_new_tokens >= 1, "evaluate.max_new_tokens must be >= 1")
     _check(config.update.sum_norm_length >= 1, "update.sum_norm_length must be >= 1")
     _check(config.update.micro_batch_tokens >= 0, "update.micro_batch_tokens must be >= 0 (0: off)")
+    _check(config.update.save_dtype in SAVE_DTYPES, f"update.save_dtype must be one of {', '.join(SAVE_DTYPES)}")
     _check(config.verify.timeout > 0, "verify.timeout must be > 0")
     _check(config.verify.workers >= 0, "verify.workers must be >= 0")
     _check(config.verify.memory_mb >= 256, "verify.memory_mb must be >= 256")

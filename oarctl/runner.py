@@ -68,6 +68,8 @@ class Trained:
     names: list[str]  # parameter names, in the optimizer's order
     prewritten: dict = field(default_factory=dict)  # {relative path: sha256} of files the ranks already wrote
     io: dict = field(default_factory=dict)  # the ranks' I/O of those files, for the manifest
+    save_dtype: str = "float32"  # of model.safetensors (update.save_dtype)
+    master_in_shards: bool = False  # the fp32 weights are in the ranks' shards, not master.safetensors
 
 
 @dataclass
@@ -190,7 +192,8 @@ def _write_outputs(stage, result: StageOutput, output: Path) -> tuple[str, dict]
     identity = save_policy(trained.model, trained.tokenizer, temporary, trained.optimizer, trained.names,
                            extra_files=[lambda d: write_parquet(result.table, d / "update.parquet"),
                                         lambda d: write_reference(trained.model, trained.tokenizer, d)],  # vLLM canary's
-                           prewritten=trained.prewritten)
+                           prewritten=trained.prewritten, save_dtype=trained.save_dtype,
+                           master=not trained.master_in_shards)
     io = {"checkpoint_bytes_written": _folder_bytes(temporary),
           "checkpoint_bytes_hashed": HASHING["bytes"] - hashed["bytes"] + trained.io.get("optimizer_shard_bytes", 0),
           "checkpoint_hash_seconds": round(HASHING["seconds"] - hashed["seconds"], 3), **trained.io}

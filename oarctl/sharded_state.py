@@ -31,7 +31,8 @@ from oarctl.checkpoints import OPTIMIZER_STATE, SHARDED_OPTIMIZER, count_read, s
 from oarctl.errors import OarError
 
 SCALAR_KEYS = ("step",)  # AdamW's per-parameter scalars: in optimizer.json, not in the shards
-FILES_PER_RANK = 4  # each rank's shard in this many files, so its hashing runs in as many threads
+MASTER = "master"  # PARAMETER::master: the fp32 weights' slices, when model.safetensors is 16-bit
+FILES_PER_RANK = 8  # each rank's shard in this many files, so its hashing runs in as many threads
 
 
 def plain_name(fqn: str) -> str:
@@ -58,13 +59,23 @@ def scalars(state: dict) -> dict:
             for key, value in entry.items() if key in SCALAR_KEYS}
 
 
-def save_shards(model, optimizer, checkpoint: Path, rank: int) -> tuple[dict, dict]:
-    """Write this rank's shard of the AdamW moments into checkpoint/optimizer/ (call on every rank).
-    Returns ({relative path: sha256} of the file this rank wrote, the scalar state)."""
+def _sharded_weights(model) -> dict:
+    """{"PARAMETER::master": this rank's slice of the fp32 weight}."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+    parameters = {plain_name(name) for name, _ in model.named_parameters()}  # a tied output layer once
+    return {f"{plain_name(fqn)}::{MASTER}": value for fqn, value in weights.items() if plain_name(fqn) in parameters}
+
+
+def save_shards(model, optimizer, checkpoint: Path, rank: int, with_master: bool = False) -> tuple[dict, dict]:
+    """Write this rank's shard of the AdamW moments (and with_master: of the fp32 weights) into
+    checkpoint/optimizer/ (call on every rank). Returns ({relative path: sha256} of the files this rank
+    wrote, their I/O}, the scalar state)."""
     from torch.distributed.checkpoint import HuggingFaceStorageWriter, save
 
     state = _sharded_optimizer_state(model, optimizer)
-    moments = _flat_moments(state)
+    moments = {**_flat_moments(state), **(_sharded_weights(model) if with_master else {})}
     folder = checkpoint / SHARDED_OPTIMIZER
     started = time.perf_counter()
     writer = HuggingFaceStorageWriter(str(folder), fqn_to_index_mapping=file_of_each(moments), save_distributed=True)
@@ -139,20 +150,38 @@ def _local_bytes(value) -> int:
     return value.numel() * value.element_size()
 
 
-def read_full_state(checkpoint: Path, shapes: dict[str, torch.Size], step_scalars: dict) -> dict[str, dict]:
-    """The sharded moments as whole tensors in this one process, keyed like read_optimizer_state:
-    {parameter: {"exp_avg": ..., "exp_avg_sq": ..., "step": ...}}."""
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def has_master(checkpoint: Path) -> bool:
+    return any(key.endswith(f"::{MASTER}") for key in _stored_shapes(checkpoint))
+
+
+def read_full_state(checkpoint: Path, shapes: dict[str, torch.Size], fields=MOMENTS) -> dict[str, dict]:
+    """The shards' `fields` as whole tensors in this one process: {parameter: {field: tensor}} (the
+    moments, keyed like read_optimizer_state, or MASTER: the fp32 weights)."""
     verify_checkpoint(checkpoint, lambda name: name.startswith(f"{SHARDED_OPTIMIZER}/"))
     stored = _stored_shapes(checkpoint)
     _check_keys(checkpoint, stored, {f"{name}::{key}": shape for name, shape in shapes.items()
-                                     for key in ("exp_avg", "exp_avg_sq")})
-    target = {key: torch.empty(shape, dtype=torch.float32) for key, shape in stored.items()}
+                                     for key in (*MOMENTS, MASTER)})
+    target = {key: torch.empty(shape, dtype=torch.float32) for key, shape in stored.items()
+              if key.partition("::")[2] in fields}
     _load(target, checkpoint, no_dist=True)
     state: dict[str, dict] = {}
-    for key, value in [*target.items(), *((k, torch.tensor(v)) for k, v in step_scalars.items())]:
+    for key, value in target.items():
         name, _, field = key.partition("::")
         state.setdefault(name, {})[field] = value
     return state
+
+
+def _set_sharded_weights(model, weights: dict) -> None:
+    """Put the loaded fp32 slices into the FSDP model's own shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    own = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+    loaded = {fqn: weights[f"{plain_name(fqn)}::{MASTER}"] for fqn in own if f"{plain_name(fqn)}::{MASTER}" in weights}
+    # strict=False: a tied output layer has no entry of its own; it shares the embedding just set
+    set_model_state_dict(model, loaded, options=StateDictOptions(full_state_dict=False, strict=False))
 
 
 def verify_shared_out(checkpoint: Path, names: list[str], rank: int, ranks: int) -> str | None:
@@ -172,8 +201,13 @@ def load_shards(model, optimizer, checkpoint: Path, step_scalars: dict) -> None:
 
     state = _sharded_optimizer_state(model, optimizer)  # initialises AdamW's state: the shapes to fill
     moments = _flat_moments(state)
-    _check_keys(checkpoint, _stored_shapes(checkpoint), {key: value.shape for key, value in moments.items()})
-    _load(moments, checkpoint, no_dist=False)  # fills the slices in place
+    stored = _stored_shapes(checkpoint)
+    weights = _sharded_weights(model) if has_master(checkpoint) else {}
+    targets = {**moments, **weights}
+    _check_keys(checkpoint, stored, {key: value.shape for key, value in targets.items()})
+    _load(targets, checkpoint, no_dist=False)  # fills the slices in place
+    if weights:
+        _set_sharded_weights(model, weights)
     for fqn, entry in state["state"].items():
         for key in SCALAR_KEYS:
             if key in entry:

@@ -201,6 +201,52 @@ def test_fsdp_ranks_write_their_adamw_shards_and_any_rank_count_continues_them(f
     assert set(steps.values()) == {4.0}  # 2 optimizer steps per update, counted on from the checkpoint's
 
 
+def test_a_bfloat16_checkpoint_continues_from_its_fp32_weights(first_update, batch, tiny_policy, tmp_path):
+    """update.save_dtype bfloat16: model.safetensors (what engines, attribute and users read) is 16-bit,
+    the fp32 weights are kept beside the AdamW state (master.safetensors; in the shards under FSDP), and
+    the next step trains on from them: one process exactly as from an fp32 checkpoint, FSDP (either
+    way) within 1e-6. ~60-90 s: two launches."""
+    document = yaml.safe_load(batch["config"].read_text())
+    document["update"] = {**document["update"], "save_dtype": "bfloat16"}
+    (tmp_path / "config16.yaml").write_text(yaml.safe_dump(document))
+    half = {**batch, "config": tmp_path / "config16.yaml"}
+    (single, _), outputs = first_update(None), {name: tmp_path / name for name in ("one", "two", "fsdp1", "after", "fsdp2")}
+    _update(half, tiny_policy, outputs["one"])
+    _update(half, outputs["one"], outputs["two"])
+    reference = tmp_path / "two-fp32"
+    _update(batch, single, reference)  # the fp32 chain: step 1 = `single`, then step 2
+
+    weights, master = load_file(outputs["one"] / "model.safetensors"), load_file(outputs["one"] / "master.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16} and {t.dtype for t in master.values()} == {torch.float32}
+    assert json.loads((outputs["one"] / "config.json").read_text())["dtype"] == "bfloat16"
+    fp32 = load_file(single / "model.safetensors")
+    assert all(torch.equal(master[name], fp32[name]) for name in master)
+    continued, expected = load_file(outputs["two"] / "master.safetensors"), load_file(reference / "model.safetensors")
+    assert all(torch.equal(continued[name], expected[name]) for name in continued)
+    assert _max_difference(_moments(outputs["two"]), _moments(reference)) == 0.0
+
+    for policy, name in ((tiny_policy, "fsdp1"), (outputs["fsdp1"], "fsdp2")):
+        launched = _launch_update(half, policy, outputs[name], "cpu-fsdp-2proc")
+        assert launched.returncode == 0, launched.stderr[-3000:]
+        if name == "fsdp1":
+            assert not (outputs[name] / "master.safetensors").exists()  # in the ranks' shards
+            _update(half, outputs[name], outputs["after"])
+    ends = {name: load_file(outputs[name] / "master.safetensors") for name in ("after",)}
+    ends["fsdp2"] = _fsdp_master(outputs["fsdp2"])
+    for name, end in ends.items():
+        difference = max(float((end[k] - expected[k]).abs().max()) for k in expected if k in end)
+        print(f"bf16 checkpoints, {name} vs the fp32 chain: max |w| difference {difference:.3e}")
+        assert end.keys() == continued.keys() and difference < 1e-6
+
+
+def _fsdp_master(policy: Path) -> dict:
+    """The fp32 weights FSDP's ranks wrote in their shards, read whole."""
+    from oarctl.checkpoints import _read_master
+
+    shapes = {key: value.shape for key, value in load_file(policy / "model.safetensors").items()}
+    return _read_master(policy, shapes)
+
+
 # ---- token-budget micro-batches ------------------------------------------------------------------
 
 def _rows(widths: list[tuple[int, int]]) -> list[dict]:

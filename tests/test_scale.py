@@ -171,16 +171,18 @@ def test_a_gpu_check_log_is_read_and_set_beside_the_prediction(tmp_path):
 def test_checkpoint_io_counts_every_loading_process():
     from oarctl import checkpoints, sharded_state
 
-    assert (scale.FILES_PER_RANK, scale.WEIGHT_FILE_BYTES) == (sharded_state.FILES_PER_RANK, 4e9)
-    assert checkpoints.WEIGHT_FILE_SIZE == "4GB"
-    setting = _setting("configs/qwen2.5-7b/oar-g.yaml")  # FSDP over 8 ranks
+    assert (scale.FILES_PER_RANK, scale.WEIGHT_FILE_BYTES) == (sharded_state.FILES_PER_RANK, 2e9)
+    assert checkpoints.WEIGHT_FILE_SIZE == "2GB"
+    setting = _setting("configs/qwen2.5-7b/oar-g.yaml")  # FSDP over 8 ranks, model.safetensors in bfloat16
     P = scale.parameters(setting.shape)
-    terms = {name.split(":")[0] + ":" + name.split(":")[1] if ":" in name else name: (size, seconds)
-             for name, size, seconds in scale.checkpoint_io(setting, HW, 3.0, 1.0)}
-    assert terms["AdamW: 8 rank(s) write their share at once"] == (8 * P, pytest.approx(P / (3.0 * scale.GB)))
-    assert terms["AdamW: each writer hashes its share"][1] == pytest.approx(P / (4 * scale.GB))  # in 4 files
-    files = math.ceil(4 * P / 4e9)
-    assert terms[f"weights: rank 0 hashes them ({files} files)"][1] == pytest.approx(4 * P / (min(8, files) * scale.GB))
-    assert terms["8 attribute ranks load and verify the weights"][0] == 8 * 4 * P  # each rank hashes them once
+    terms = {name: (size, seconds) for name, size, seconds in scale.checkpoint_io(setting, HW, 3.0, 1.0)}
+    state = 8 * P + 4 * P  # AdamW moments and the fp32 weights, each rank writing an eighth
+    assert terms["AdamW + fp32 weights: 8 rank(s) write their share at once"] == (
+        state, pytest.approx(state / 8 / (3.0 * scale.GB)))
+    assert terms["AdamW + fp32 weights: each writer hashes its share"][1] == pytest.approx(state / 8 / (8 * scale.GB))
+    files = math.ceil(2 * P / 2e9)
+    assert terms["weights (bfloat16): rank 0 writes them"] == (2 * P, pytest.approx(2 * P / (3.0 * scale.GB)))
+    assert terms[f"weights: rank 0 hashes them ({files} files)"][1] == pytest.approx(2 * P / (min(8, files) * scale.GB))
+    assert terms["8 attribute ranks load and verify the weights"][0] == 8 * 2 * P  # each rank hashes them once
     uniform = _setting("configs/qwen2.5-7b/grpo.yaml")
     assert not any("attribute" in name for name, _, _ in scale.checkpoint_io(uniform, HW, 3.0, 1.0))

@@ -45,8 +45,8 @@ from tqdm.auto import tqdm
 from oarctl import sharded_state
 from oarctl.artifacts import make_table, temporary_sibling
 from oarctl.batching import loss_share, pad_plan, plan_step
-from oarctl.checkpoints import (OPTIMIZER_STATE, OPTIMIZER_TENSORS, SHARDED_OPTIMIZER, load_optimizer, load_policy,
-                                read_optimizer_state, read_scalars)
+from oarctl.checkpoints import (OPTIMIZER_STATE, OPTIMIZER_TENSORS, SHARDED_OPTIMIZER, load_master, load_optimizer,
+                                load_policy, read_optimizer_state, read_scalars)
 from oarctl.distributed import (deepspeed, fsdp, gather_to_rank_zero, make_accelerator, on_rank_zero,
                                 raise_on_every_rank, sharded)
 from oarctl.errors import OarError
@@ -221,7 +221,8 @@ def _load_sharded_optimizer(model, optimizer, directory: Path, accelerator) -> N
     raise_on_every_rank(problem, accelerator)
 
 
-def _save_sharded_optimizer(model, optimizer, context: StageContext, accelerator) -> tuple[dict, dict]:
+def _save_sharded_optimizer(model, optimizer, context: StageContext, accelerator,
+                            with_master: bool) -> tuple[dict, dict]:
     """Every FSDP rank writes its AdamW shard into the checkpoint's temporary folder (named by rank 0's
     process, which writes the rest of the checkpoint there afterwards). Returns, on rank 0, ({relative
     path: sha256} of the shards, their I/O); the rank-0 share of optimizer.json is written here too."""
@@ -229,7 +230,8 @@ def _save_sharded_optimizer(model, optimizer, context: StageContext, accelerator
     torch.distributed.broadcast_object_list(shared, src=0)
     staging = Path(shared[0])
     staging.mkdir(parents=True, exist_ok=True)
-    written, scalars = sharded_state.save_shards(model, optimizer.optimizer, staging, accelerator.process_index)
+    written, scalars = sharded_state.save_shards(model, optimizer.optimizer, staging, accelerator.process_index,
+                                                 with_master)
     everyone = gather_to_rank_zero(written, accelerator)
     if not accelerator.is_main_process:
         return {}, {}
@@ -265,19 +267,23 @@ def _gathered_weights(model, accelerator) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
-def _trained(model, tokenizer, optimizer, names: list[str], context: StageContext, accelerator) -> Trained | None:
+def _trained(model, tokenizer, optimizer, names: list[str], config, context: StageContext,
+             accelerator) -> Trained | None:
     """What the runner saves (rank 0 only; None on the other ranks)."""
+    sixteen_bit = config.save_dtype != "float32"  # then the fp32 weights are saved beside the AdamW state
     if accelerator is None:
-        return Trained(model, tokenizer, optimizer, names)
+        return Trained(model, tokenizer, optimizer, names, save_dtype=config.save_dtype)
     state_dict = _gathered_weights(model, accelerator)
     optimizer_state = _optimizer_state(model, optimizer, names, accelerator)
-    shards, io = _save_sharded_optimizer(model, optimizer, context, accelerator) if fsdp(accelerator) else ({}, {})
+    shards, io = ((_save_sharded_optimizer(model, optimizer, context, accelerator, sixteen_bit))
+                  if fsdp(accelerator) else ({}, {}))
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return None
     if not sharded(accelerator):
-        return Trained(accelerator.unwrap_model(model), tokenizer, optimizer_state, names)
-    return Trained(_plain_model(context.policy.path, state_dict), tokenizer, optimizer_state, names, shards, io)
+        return Trained(accelerator.unwrap_model(model), tokenizer, optimizer_state, names, save_dtype=config.save_dtype)
+    return Trained(_plain_model(context.policy.path, state_dict), tokenizer, optimizer_state, names, shards, io,
+                   config.save_dtype, master_in_shards=fsdp(accelerator) and sixteen_bit)
 
 
 def _plain_model(path, state_dict: dict):
@@ -319,17 +325,21 @@ def _prepare(model, reference, config, context: StageContext, accelerator, accum
     return model, reference, optimizer, names
 
 
-def _load(policy, accelerator):
+def _load(policy, accelerator, trained: bool = True):
     """(model, tokenizer) on policy.device; under a launcher on CPU, and `prepare` moves each rank's
-    model to its own GPU (policy.device `cuda` would put every rank's full copy on cuda:0)."""
-    return policy.load() if accelerator is None else load_policy(policy.path, "cpu")
+    model to its own GPU (policy.device `cuda` would put every rank's full copy on cuda:0). A checkpoint
+    saved in 16 bits gets its fp32 weights back (under FSDP from master.safetensors only: the ranks read
+    their slices of sharded ones after `prepare`; the KL reference is not sharded: it reads them whole)."""
+    model, tokenizer = policy.load() if accelerator is None else load_policy(policy.path, "cpu")
+    load_master(model, policy.path, shards=not (trained and fsdp(accelerator)))
+    return model, tokenizer
 
 
 def run(inputs, config, context: StageContext) -> StageOutput:
     rows = inputs["advantages"].select(COLUMNS).to_pylist()
     accelerator = make_accelerator(config.bf16)
     model, tokenizer = _load(context.policy, accelerator)
-    reference = _load(context.reference, accelerator)[0].eval() if context.reference is not None else None
+    reference = _load(context.reference, accelerator, trained=False)[0].eval() if context.reference is not None else None
     steps = _mini_batches(rows, config, context)
     plans, accumulation = _plans(steps, config, accelerator)
     model, reference, optimizer, names = _prepare(model, reference, config, context, accelerator, accumulation)
@@ -344,4 +354,4 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     model.eval()
     table = make_table({key: [entry[key] for entry in log] for key in log[0]}, "update_log")
     metrics = {key: float(np.mean([entry[key] for entry in log])) for key in log[0] if key not in ("optimizer_step", "epoch")}
-    return StageOutput(table, metrics, trained=_trained(model, tokenizer, optimizer, names, context, accelerator))
+    return StageOutput(table, metrics, trained=_trained(model, tokenizer, optimizer, names, config, context, accelerator))
