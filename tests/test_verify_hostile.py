@@ -30,7 +30,8 @@ from oarctl.verify import equivalence
 from oarctl.verify.boxed import boxed_span
 from oarctl.verify.equivalence import is_equivalent, verify_batch
 from oarctl.verify.extract import find_answer
-from oarctl.verify.normalize import normalize, quick_verdict
+from oarctl.verify.cheap import quick_verdict
+from oarctl.verify.normalize import normalize
 from oarctl.verify.pool import WorkerPool
 
 TARGET = "@TARGET@"  # replaced per test by a path under tmp_path; the file must never appear

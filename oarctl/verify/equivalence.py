@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 
 from oarctl.verify.extract import check_mode, find_answer
-from oarctl.verify.normalize import decimal_comma, normalize, quick_verdict
+from oarctl.verify.cheap import quick_verdict
+from oarctl.verify.normalize import decimal_comma, normalize
 from oarctl.verify.pool import WorkerPool
 
 DEFAULT_TIMEOUT = 5.0
