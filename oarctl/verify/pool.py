@@ -5,12 +5,14 @@ state, and the caller's main module is never imported, so plain scripts, `python
 work), that caps its own address space, then serves one item at a time over a socket pair. An
 item that runs past its deadline gets its worker killed; a worker that dies (segfault, out of
 memory) is detected by its closed socket. Either way the item gets an outcome, a fresh worker takes
-the slot, and the batch goes on. Workers start
-lazily on the first item and stop on `close()` (context manager, and atexit as a last resort).
+the slot, and the batch goes on. Workers start lazily, on the first item or earlier on `start()`
+(so their import overlaps the caller's own work), no more of them than the batch is worth
+(`items_per_worker`), and stop on `close()` (context manager, and atexit as a last resort).
 """
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import socket
 import subprocess
@@ -99,11 +101,17 @@ class _Worker:
 
 
 class WorkerPool:
-    def __init__(self, function: Callable | str, *, workers: int, timeout: float, memory_mb: int):
+    def __init__(self, function: Callable | str, *, workers: int, timeout: float, memory_mb: int,
+                 items_per_worker: int = 1):
+        """`items_per_worker`: a batch of n items starts at most ceil(n / items_per_worker) new
+        workers (started ones are always used): a fresh worker costs its import and warm-up, about a
+        CPU-second for the math engine, which a few items do not repay on a shared machine."""
         self.reference, self.timeout = _function_reference(function), timeout
         self.size = workers or available_cores()
         self.memory_bytes = memory_mb * 2 ** 20
+        self.items_per_worker = items_per_worker
         self._idle: list[_Worker] = []
+        self._starting: list[_Worker] = []  # started by `start()`, not yet taken by `map`
         self.replaced = 0  # workers killed or found dead, for metrics and tests
         _LIVE_POOLS.add(self)
 
@@ -112,6 +120,17 @@ class WorkerPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def start(self, count: int = 1) -> None:
+        """Start up to `count` workers (within the pool size) without waiting for them: they import
+        the engine while the caller goes on, and the next `map` takes them."""
+        for _ in range(min(count, self.size) - len(self._idle) - len(self._starting)):
+            self._starting.append(_Worker(self.reference, self.memory_bytes))
+
+    def _capacity(self, items: int) -> int:
+        """Workers for a batch: every started one, plus new ones only as the batch is worth them."""
+        started = len(self._idle) + len(self._starting)
+        return min(self.size, items, max(started, math.ceil(items / self.items_per_worker)))
 
     def map(self, items: list) -> list[Outcome]:
         """One outcome per item, in order; never raises because of an item.
@@ -122,9 +141,10 @@ class WorkerPool:
         """
         outcomes: list[Outcome | None] = [None] * len(items)
         pending = deque(range(len(items)))
-        capacity = min(self.size, len(items))
+        capacity = self._capacity(len(items))
         free, self._idle = self._idle[:capacity], self._idle[capacity:]
-        starting: dict[Any, _Worker] = {}
+        starting: dict[Any, _Worker] = {worker.connection: worker for worker in self._starting}
+        self._starting = []
         busy: dict[Any, tuple[_Worker, int, float]] = {}  # connection -> (worker, item, started)
         try:
             while pending or busy:
@@ -177,9 +197,9 @@ class WorkerPool:
         self.replaced += 1
 
     def close(self) -> None:
-        for worker in self._idle:
+        for worker in self._idle + self._starting:
             worker.stop()
-        self._idle = []
+        self._idle, self._starting = [], []
 
 
 @atexit.register
