@@ -18,9 +18,11 @@ from oarctl.verify.pool import WorkerPool
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_MEMORY_MB = 2048
 MEMO_LIMIT = 100_000
-# A fresh worker takes about a CPU-second to import and warm up the engine, the time of 50-100
-# typical checks: a batch starts one more worker per this many engine pairs, up to `workers`.
-PAIRS_PER_WORKER = 32
+# A fresh worker takes about a CPU-second to import and warm up the engine, the time of ~80 typical
+# checks, so a batch starts one more worker per this many engine pairs, up to `workers`. Measured on
+# bench/verify.py's 44 engine pairs, 2 shared cores at load 3: one worker 1.3 s and 1.3 CPU-s, two
+# workers 2.1 s and 2.1 CPU-s.
+PAIRS_PER_WORKER = 64
 _MEMO: dict[tuple[str, str], "Decision"] = {}  # settled (pred, gold) -> decision, process-wide
 _POOLS: dict[tuple, WorkerPool] = {}  # idle workers stop at exit (pool.py's atexit hook)
 
