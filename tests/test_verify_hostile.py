@@ -347,6 +347,19 @@ def test_pool_starts_no_more_workers_than_the_batch_is_worth(monkeypatch):
         assert len(started) == 2  # 5 items: a second one may start (the first alone may finish them)
 
 
+def test_pool_starts_every_worker_once_an_item_is_slow(monkeypatch):
+    """Two items are worth one worker, until one of them runs past SLOW_ITEM_SECONDS."""
+    from oarctl.verify import pool as pool_module
+
+    started = []
+    monkeypatch.setattr(pool_module._Worker, "__init__",
+                        lambda self, *a, _init=pool_module._Worker.__init__: started.append(1) or _init(self, *a))
+    with WorkerPool(hostile_task, workers=2, timeout=30.0, memory_mb=1024, items_per_worker=10) as pool:
+        outcomes = pool.map([("sleep", 3.0), ("sleep", 3.0)])
+        assert [o.value for o in outcomes] == ["woke", "woke"]
+        assert len(started) == 2
+
+
 def test_pool_start_does_not_wait_and_map_takes_the_started_worker():
     with WorkerPool(hostile_task, workers=2, timeout=10.0, memory_mb=1024, items_per_worker=4) as pool:
         started = time.perf_counter()
