@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
@@ -18,3 +20,22 @@ def test_attribution_benchmark_quick_run_reports_exact_scores():
     assert max(differences) < 1e-4
     assert re.search(r"attribute oar_g\s+\d+\.\d+\s+\d+\.\d+", result.stdout)
     assert re.search(r"^update\s+\d+\.\d+\s+1\.00$", result.stdout, re.MULTILINE)
+
+
+def test_verify_benchmark_quick_run_gives_math_verify_verdicts():
+    """bench/verify.py --quick: the same verdicts as sequential math-verify, cold and warm pool."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from verify import DATA
+    finally:
+        sys.path.remove(str(BENCH))
+    if not DATA.exists():
+        pytest.skip(f"no {DATA}")
+    result = subprocess.run([sys.executable, str(BENCH / "verify.py"), "--quick"], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "agreement: 320/320 verdicts agree, 0 differ" in result.stdout
+    assert re.search(r"^ours: verify_batch, lenient, cold pool\s+320\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\dx\s+\d+\.\d+$",
+                     result.stdout, re.MULTILINE)
+    assert re.search(r"^\(ours, warm pool, as across training steps\)\s+320\s", result.stdout, re.MULTILINE)
+    assert "verdicts differ from the cold pool's" not in result.stdout

@@ -29,8 +29,9 @@ import pytest
 from oarctl.verify import equivalence
 from oarctl.verify.boxed import boxed_span
 from oarctl.verify.equivalence import is_equivalent, verify_batch
+from oarctl.verify.cheap import quick_verdict
 from oarctl.verify.extract import find_answer
-from oarctl.verify.normalize import normalize, quick_verdict
+from oarctl.verify.normalize import normalize
 from oarctl.verify.pool import WorkerPool
 
 TARGET = "@TARGET@"  # replaced per test by a path under tmp_path; the file must never appear
@@ -331,6 +332,59 @@ def test_pool_keeps_order_with_mixed_failures():
         assert pool.replaced == 4  # two killed at their deadline, two found dead
         # at most every item at its full timeout, two at a time, plus 2 + 4 worker starts (~1-3 s each)
         assert elapsed < math.ceil(len(items) / workers) * timeout + (workers + pool.replaced) * 5.0 + SLACK
+
+
+def test_pool_starts_no_more_workers_than_the_batch_is_worth(monkeypatch):
+    from oarctl.verify import pool as pool_module
+
+    started = []
+    monkeypatch.setattr(pool_module._Worker, "__init__",
+                        lambda self, *a, _init=pool_module._Worker.__init__: started.append(1) or _init(self, *a))
+    with WorkerPool(hostile_task, workers=2, timeout=10.0, memory_mb=1024, items_per_worker=4) as pool:
+        assert [o.value for o in pool.map([("echo", i) for i in range(4)])] == [0, 1, 2, 3]
+        assert len(started) == 1  # 4 items: one worker
+        assert [o.value for o in pool.map([("echo", i) for i in range(5)])] == [0, 1, 2, 3, 4]
+        assert len(started) == 2  # 5 items: a second one may start (the first alone may finish them)
+
+
+def test_pool_starts_every_worker_once_an_item_is_slow(monkeypatch):
+    """Two items are worth one worker, until one of them runs past SLOW_ITEM_SECONDS."""
+    from oarctl.verify import pool as pool_module
+
+    started = []
+    monkeypatch.setattr(pool_module._Worker, "__init__",
+                        lambda self, *a, _init=pool_module._Worker.__init__: started.append(1) or _init(self, *a))
+    with WorkerPool(hostile_task, workers=2, timeout=30.0, memory_mb=1024, items_per_worker=10) as pool:
+        outcomes = pool.map([("sleep", 3.0), ("sleep", 3.0)])
+        assert [o.value for o in outcomes] == ["woke", "woke"]
+        assert len(started) == 2
+
+
+def test_pool_start_does_not_wait_and_map_takes_the_started_worker():
+    with WorkerPool(hostile_task, workers=2, timeout=10.0, memory_mb=1024, items_per_worker=4) as pool:
+        started = time.perf_counter()
+        pool.start()
+        assert time.perf_counter() - started < 0.5  # the worker imports in the background
+        pool.start()  # already one started or starting: nothing more
+        assert len(pool._starting) == 1
+        process = pool._starting[0].process
+        assert [o.value for o in pool.map([("echo", 1), ("echo", 2)])] == [1, 2]
+        assert [w.process for w in pool._idle] == [process] and pool._starting == []
+
+
+def test_verify_batch_starts_the_engine_at_the_first_pair_that_needs_it(monkeypatch):
+    """While the rest of the batch is extracted, and never for pairs the cheap path decides."""
+    monkeypatch.setattr(equivalence, "_MEMO", {})
+    extracted, starts = [], []
+    monkeypatch.setattr(equivalence, "find_answer", lambda *a: extracted.append(1) or find_answer(*a))
+    monkeypatch.setattr(WorkerPool, "start", lambda self, count=1: starts.append(len(extracted)))
+    verify_batch(["\\boxed{2}", "\\boxed{\\frac{4}{2}}", "\\boxed{(1,2)}"], ["2"] * 3)
+    assert starts == []  # all three decided without the engine
+    extracted.clear()
+    verdicts = verify_batch(["\\boxed{2}", "\\boxed{\\sqrt{4}}", "\\boxed{3}", "\\boxed{2\\sqrt{2}}"], ["2"] * 4,
+                            workers=1)
+    assert starts == [1 + 2]  # the gold, then two responses: the rest is extracted while it starts
+    assert [v.verdict for v in verdicts] == ["correct", "correct", "wrong", "wrong"]
 
 
 # ---- pure-string parts: linear on hostile text ---------------------------------------------------

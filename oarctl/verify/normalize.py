@@ -1,4 +1,4 @@
-"""Canonical text of an answer, and the cheap decisions that need no symbolic engine.
+"""Canonical text of an answer (the decisions made on it without the engine are in cheap.py).
 
 `normalize` removes what never changes a value (math delimiters, \\left/\\right, spacing commands,
 \\dfrac, degree marks, dollar signs, thousands separators, a trailing period, a \\text{} wrapper,
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
-from fractions import Fraction
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 DELIMITERS = [("$$", "$$"), ("$", "$"), ("\\[", "\\]"), ("\\(", "\\)")]
@@ -18,14 +17,11 @@ NEUTRAL = re.compile(r"\\left\b|\\right\b|(?<!\\)\\[!,;: ]|~|\\displaystyle\b|\\
 WRAPPER = re.compile(r"^\\(?:text|textbf|mathrm|mbox|mathbf)\{([^{}]*)\}$")
 CHOICE = re.compile(r"^\(([A-Ea-e])\)$")
 THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:[, ]\d{3})+(?:\.\d+)?$")  # `1,000`, and `1\,000` once spaced
-FRACTION = re.compile(r"^(-?)\\frac\{(-?\d{1,100})\}\{(\d{1,100})\}$")  # `\frac{84}{2}`, `-\frac{3}{4}`
 # One way to split the digits (no `\d+\.?\d*`): `1` * 100k + `x` backtracked quadratically.
 NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
-TEXT = re.compile(r"^[A-Za-z][A-Za-z '\-]*$")
 SPACE_AROUND_SYMBOL = re.compile(r"\s*([^\w\s\\])\s*")
 DECIMAL_COMMA = re.compile(r"^-?\d+,(?:\d{1,2}|\d{4,})$")  # not exactly 3 digits after the comma
 UNICODE_MATH = {"≥": "\\geq ", "≤": "\\leq ", "≠": "\\neq ", "−": "-", "×": "\\times ", "÷": "\\div "}
-UNIT = re.compile(r"\\(?:text|mbox|mathrm)\{\s*([A-Za-z][A-Za-z ]*?)\s*\}")
 
 
 def _unwrap_delimiters(answer: str) -> str:
@@ -73,50 +69,3 @@ def plain_number(answer: str) -> Decimal | None:
         return Decimal(answer)
     except (InvalidOperation, ValueError):
         return None
-
-
-def exact_fraction(answer: str) -> Fraction | None:
-    """The exact value of a plain number of at most 100 digits and exponent, or of `\\frac{a}{b}`
-    with integers of at most 100 digits (b != 0); None otherwise (never a huge expansion)."""
-    number = plain_number(answer)
-    if number is not None:
-        small = number.is_finite() and len(number.as_tuple().digits) <= 100 and abs(number.adjusted()) <= 100
-        return Fraction(number) if small else None
-    match = FRACTION.match(answer)
-    if match is None or int(match.group(3)) == 0:
-        return None
-    return Fraction(int(match.group(2)), int(match.group(3))) * (-1 if match.group(1) else 1)
-
-
-def is_text(answer: str) -> bool:
-    """Words only (`Monday`, `B`, `even`): compared as case-insensitive text, never symbolically."""
-    return bool(TEXT.match(answer))
-
-
-def units(answer: str) -> set[str]:
-    """Unit words written as \\text{cm} etc.; math-verify drops them, so `5 m` would equal `5 cm`."""
-    return {word.lower() for word in UNIT.findall(answer)}
-
-
-def quick_verdict(pred: str, gold: str) -> bool | None:
-    """Equal / not equal when decidable without the symbolic engine, None otherwise.
-
-    Both arguments are normalised. Sound in both directions: a True is never a false positive and a
-    False never rejects an equivalent form the engine would accept.
-    """
-    if pred == gold:
-        return True
-    pred_number, gold_number = plain_number(pred), plain_number(gold)
-    if pred_number is not None and gold_number is not None:
-        return pred_number == gold_number
-    # An integer fraction of the same exact value is equal (`\frac{84}{2}` = `42`); a different
-    # value is left to the engine, whose numeric tolerance may still accept it.
-    pred_exact, gold_exact = exact_fraction(pred), exact_fraction(gold)
-    if pred_exact is not None and gold_exact is not None and pred_exact == gold_exact:
-        return True
-    if is_text(pred) and is_text(gold):
-        return pred.lower() == gold.lower()
-    pred_units, gold_units = units(pred), units(gold)
-    if pred_units and gold_units and pred_units != gold_units:
-        return False
-    return None

@@ -5,12 +5,15 @@ state, and the caller's main module is never imported, so plain scripts, `python
 work), that caps its own address space, then serves one item at a time over a socket pair. An
 item that runs past its deadline gets its worker killed; a worker that dies (segfault, out of
 memory) is detected by its closed socket. Either way the item gets an outcome, a fresh worker takes
-the slot, and the batch goes on. Workers start
-lazily on the first item and stop on `close()` (context manager, and atexit as a last resort).
+the slot, and the batch goes on. Workers start lazily, on the first item or earlier on `start()`
+(so their import overlaps the caller's own work), no more of them than the batch is worth
+(`items_per_worker`) until an item turns out slow, and stop on `close()` (context manager, and
+atexit as a last resort).
 """
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import socket
 import subprocess
@@ -27,6 +30,9 @@ import oarctl
 from oarctl.errors import OarError
 
 STARTUP_SECONDS = 60.0  # importing the engine in a fresh process, on a busy machine
+# An item running this long makes the batch worth every worker, whatever `items_per_worker` says
+# (a math check takes ~10 ms; one that runs into its timeout must not hold up the others).
+SLOW_ITEM_SECONDS = 1.0
 _LIVE_POOLS: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
 
 
@@ -99,11 +105,17 @@ class _Worker:
 
 
 class WorkerPool:
-    def __init__(self, function: Callable | str, *, workers: int, timeout: float, memory_mb: int):
+    def __init__(self, function: Callable | str, *, workers: int, timeout: float, memory_mb: int,
+                 items_per_worker: int = 1):
+        """`items_per_worker`: a batch of n items starts at most ceil(n / items_per_worker) new
+        workers (started ones are always used): a fresh worker costs its import and warm-up, about a
+        CPU-second for the math engine, which a few items do not repay on a shared machine."""
         self.reference, self.timeout = _function_reference(function), timeout
         self.size = workers or available_cores()
         self.memory_bytes = memory_mb * 2 ** 20
+        self.items_per_worker = items_per_worker
         self._idle: list[_Worker] = []
+        self._starting: list[_Worker] = []  # started by `start()`, not yet taken by `map`
         self.replaced = 0  # workers killed or found dead, for metrics and tests
         _LIVE_POOLS.add(self)
 
@@ -112,6 +124,17 @@ class WorkerPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def start(self, count: int = 1) -> None:
+        """Start up to `count` workers (within the pool size) without waiting for them: they import
+        the engine while the caller goes on, and the next `map` takes them."""
+        for _ in range(min(count, self.size) - len(self._idle) - len(self._starting)):
+            self._starting.append(_Worker(self.reference, self.memory_bytes))
+
+    def _capacity(self, items: int) -> int:
+        """Workers for a batch: every started one, plus new ones only as the batch is worth them."""
+        started = len(self._idle) + len(self._starting)
+        return min(self.size, items, max(started, math.ceil(items / self.items_per_worker)))
 
     def map(self, items: list) -> list[Outcome]:
         """One outcome per item, in order; never raises because of an item.
@@ -122,12 +145,15 @@ class WorkerPool:
         """
         outcomes: list[Outcome | None] = [None] * len(items)
         pending = deque(range(len(items)))
-        capacity = min(self.size, len(items))
+        capacity, full = self._capacity(len(items)), min(self.size, len(items))
         free, self._idle = self._idle[:capacity], self._idle[capacity:]
-        starting: dict[Any, _Worker] = {}
+        starting: dict[Any, _Worker] = {worker.connection: worker for worker in self._starting}
+        self._starting = []
         busy: dict[Any, tuple[_Worker, int, float]] = {}  # connection -> (worker, item, started)
         try:
             while pending or busy:
+                if capacity < full and pending and self._slow(busy):
+                    capacity = full
                 for _ in range(min(capacity - len(free) - len(busy) - len(starting), len(pending))):
                     worker = _Worker(self.reference, self.memory_bytes)
                     starting[worker.connection] = worker
@@ -135,18 +161,25 @@ class WorkerPool:
                     worker, index = free.pop(), pending.popleft()
                     worker.connection.send(items[index])
                     busy[worker.connection] = (worker, index, time.perf_counter())
-                self._wait(busy, starting, free, outcomes)
+                self._wait(busy, starting, free, outcomes, watch_slow=capacity < full and bool(pending))
         finally:
             for worker in [w for w, _, _ in busy.values()] + list(starting.values()):
                 worker.stop()  # only after an exception in this process, or workers still starting
             self._idle.extend(free)
         return outcomes
 
-    def _wait(self, busy: dict, starting: dict, free: list, outcomes: list) -> None:
+    @staticmethod
+    def _slow(busy: dict) -> bool:
+        now = time.perf_counter()
+        return any(now - started >= SLOW_ITEM_SECONDS for _, _, started in busy.values())
+
+    def _wait(self, busy: dict, starting: dict, free: list, outcomes: list, watch_slow: bool = False) -> None:
         """Collect results and start-ups that arrive before the nearest deadline, then kill the
         workers past theirs."""
         deadlines = [started + self.timeout for _, _, started in busy.values()]
         deadlines += [worker.started + STARTUP_SECONDS for worker in starting.values()]
+        if watch_slow:  # wake up when an item turns slow, to start more workers
+            deadlines += [started + SLOW_ITEM_SECONDS for _, _, started in busy.values()]
         ready = wait(list(busy) + list(starting), timeout=max(0.0, min(deadlines) - time.perf_counter()))
         for connection in ready:
             if connection in starting:
@@ -177,9 +210,9 @@ class WorkerPool:
         self.replaced += 1
 
     def close(self) -> None:
-        for worker in self._idle:
+        for worker in self._idle + self._starting:
             worker.stop()
-        self._idle = []
+        self._idle, self._starting = [], []
 
 
 @atexit.register
