@@ -9,7 +9,9 @@ per checkpoint where the weights already are, so no engine process ever loads a 
 - logprobs: log_softmax(logits) at temperature 1 of each of them, teacher-forced (one forward over
   prompt + tokens, `oarctl.policy.logprobs.response_token_stats`), which is what vLLM's prompt
   log-probs are (they skip the sampling processors whatever the logprobs mode);
-- dtype: of the weights that computed them (the update job's float32 master weights).
+- dtype: of the weights that computed them (the update job's, in update.save_dtype: the weights the
+  engines serve). Under FSDP rank 0 computes it on the CPU copy it saves from: a prefill of the
+  prompt, 16 cached decoding steps and one forward over ~50 tokens.
 
 Who computes it:
 - the update job, for every checkpoint it writes (`runner._write_outputs`): its rank 0 holds the
