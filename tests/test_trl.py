@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -219,6 +220,18 @@ def test_two_processes_give_the_token_advantages_of_one(tiny_policy, signal_data
     assert len({r["prompt_id"] for r in two}) == 2 and any(np.ptp(r["token_weights"]) > 0.1 for r in two)
 
 
+def _logged_rows(offline_history, folder, key: str, seconds: float = 30.0) -> dict:
+    """The offline run's history as one {metric: last value}, read until `key` is there: on busy cores
+    wandb's service process can still be writing the run file when `wandb.finish()` returns (seen in CI)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        (history,) = offline_history(folder)
+        logged = {name: value for row in history for name, value in row.items()}
+        if key in logged or time.monotonic() > deadline:
+            return logged
+        time.sleep(0.5)
+
+
 def test_wandb_offline_gets_trl_and_oar_metrics(tiny_policy, signal_data, tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
     from wandb_files import offline_history
@@ -230,9 +243,8 @@ def test_wandb_offline_gets_trl_and_oar_metrics(tiny_policy, signal_data, tmp_pa
     trainer, _, _ = _train(OARGRPOTrainer, tiny_policy, signal_data["train"], tmp_path / "trl", attribution="oar_g",
                            report_to=["wandb"], max_steps=2)
     wandb.finish()  # transformers leaves the run open; finishing it flushes the run file
-    (history,) = offline_history(tmp_path / "wandb")
-    logged = {key: value for row in history for key, value in row.items()}
     expected = [line for line in trainer.state.log_history if "loss" in line][-1]
+    logged = _logged_rows(offline_history, tmp_path / "wandb", "train/oar/attribution_seconds")
     for name in ("oar/attribution_seconds", "oar/top10_mass_share", "oar/effective_tokens", "loss"):
         assert logged[f"train/{name}"] == pytest.approx(expected[name])
 
