@@ -5,6 +5,7 @@ User errors (bad files, options, configs) print one line and exit with code 2.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -281,6 +282,10 @@ def toy_build(output: Path = typer.Option(None, "-o", "--output", help="default:
 
 
 def main() -> None:  # pragma: no cover
+    if "WORLD_SIZE" in os.environ:  # a rank under accelerate launch / torchrun
+        from oarctl.launch import rank_dies_with_launcher
+
+        rank_dies_with_launcher()
     sys.exit(app())
 
 

@@ -20,6 +20,7 @@ launch leaves only temporaries, and the next `oarctl run` launches it again.
 from __future__ import annotations
 
 import gc
+import os
 import socket
 import subprocess
 import sys
@@ -73,7 +74,7 @@ def rest_generation_engines() -> None:
         torch.cuda.empty_cache()
 
 
-def _terminate_with_parent() -> None:
+def terminate_with_parent() -> None:
     """In the launcher, before it starts: SIGTERM it when the run's process dies (even by SIGKILL).
     torchrun then stops its ranks, so a killed run leaves no rank holding the GPUs, and the
     rerun's launch is the only one writing the stage's output. Linux only (prctl)."""
@@ -86,6 +87,16 @@ def _terminate_with_parent() -> None:
         pass  # not Linux: a killed run's launcher finishes its stage alone
 
 
+def rank_dies_with_launcher() -> None:
+    """In a launched rank, first thing: SIGTERM it when its launcher dies too, and stop now if the
+    launcher is already gone (the rank was then handed to init). A launcher killed while it was still
+    starting its ranks may never signal them (seen once in CI: two ranks outlived a killed run by over
+    a minute); a rank left alone must not go on to write the stage's output beside the rerun's."""
+    terminate_with_parent()
+    if os.getppid() == 1:
+        sys.exit("oarctl: this rank's launcher is gone; not running the stage on its own")
+
+
 def launch_stage(stage: str, config, input_path: Path, output: Path, policy: Path, step: int, run_config: Path,
                  force: bool, log=print) -> None:
     """Run `stage` (attribute, update) of `step` under `accelerate launch` with its section's
@@ -94,7 +105,7 @@ def launch_stage(stage: str, config, input_path: Path, output: Path, policy: Pat
     command = stage_command(stage, config_file, input_path, output, policy, step, run_config, force)
     rest_generation_engines()
     log(f"{stage}: accelerate launch --config_file {config_file} (step {step})")
-    finished = subprocess.run(command, preexec_fn=_terminate_with_parent)
+    finished = subprocess.run(command, preexec_fn=terminate_with_parent)
     if finished.returncode != 0:
         raise OarError(f"{output}: the {stage} under accelerate launch ({config_file}) "
                        f"exited with code {finished.returncode}; its output is above")
