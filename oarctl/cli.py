@@ -264,7 +264,10 @@ def toy_prompts(output: Path = OutputOption, split: str = typer.Option("train", 
     if split not in ("train", "heldout"):
         raise OarError(f"--split: expected train or heldout, got {split!r}")
     settings = _config(config, set)
-    write_parquet(generate_prompts(split, count, settings.data.toy_levels, settings.run.seed), output)
+    from oarctl.toy.families import configured_levels
+
+    write_parquet(generate_prompts(split, count, configured_levels(settings.data), settings.run.seed,
+                                   settings.data.toy_family), output)
     typer.echo(f"wrote {count} {split} prompts to {output}")
 
 

@@ -334,11 +334,12 @@ def fidelity_key(input_path: Path, config, policy_path: Path) -> dict:
     """The cache key of `oarctl fidelity`, as the runner keys a stage: what it reads and the options that
     change its result (the fidelity, verify and attribute sections, the seed that draws the rollouts)."""
     from oarctl.checkpoints import policy_identity
-    from oarctl.config import section_dict
+    from oarctl.config import attribute_key, section_dict
     from oarctl.runner import input_hash
 
     sections = {name: section_dict(config, name) for name in ("fidelity", "verify", "attribute")}
     sections["attribute"].pop("accelerate_config", None)  # how a stage is launched, not what it computes
+    sections["attribute"] = attribute_key(sections["attribute"], config.fidelity.methods)
     return {"stage": "fidelity", "version": VERSION, "config": sections, "seed": config.run.seed, "step": 0,
             "inputs": {"verified": input_hash(Path(input_path)), "policy": policy_identity(policy_path)}}
 

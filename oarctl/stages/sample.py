@@ -3,6 +3,10 @@
 Reads a prompts table and draws `prompts_per_step` of them for this step (a seeded permutation per
 pass over the data, so every prompt is used once before any repeats). Each prompt is repeated
 `group_size` times and sampled; the sampling log-probs are kept for the PPO ratio.
+
+When every prompt is a chains toy problem (oarctl/toy/chains.py), the rollouts also get
+`token_truth`, the ground-truth credit label of each response token (oarctl/toy/truth.py); other
+prompt sets get no such column, so their rollouts are byte for byte what they were.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from oarctl.artifacts import make_table
 from oarctl.policy.backends import generate
 from oarctl.runner import StageContext, StageOutput
 from oarctl.templates import encode, resolve as resolve_template
+from oarctl.toy.truth import truth_column
 
 VERSION = "1"
 
@@ -58,6 +63,7 @@ def run(inputs, config, context: StageContext) -> StageOutput:
         "response_text": tokenizer.batch_decode([g.token_ids for g in generations], skip_special_tokens=True),
         "finish_reason": [g.finish_reason for g in generations],
         "temperature": [config.temperature] * len(repeated),
+        "token_truth": truth_column([r["problem"] for r in repeated], [g.token_ids for g in generations], tokenizer),
     }
     lengths = [len(g.token_ids) for g in generations]
     metrics = {"responses": len(generations), "response_length_mean": float(np.mean(lengths)),
