@@ -116,6 +116,12 @@ OPTIONAL = {
 }                                                         # per response token, 1 / 0 / -1 (oarctl/toy/truth.py)
 for _later in ("verified", "attributions", "advantages"):
     OPTIONAL[_later] = OPTIONAL["rollouts"]
+OPTIONAL["fidelity"] = [              # with token_truth in the input: each method against the labels
+    ("truth_tokens", pa.int32()),     # label-1 reasoning tokens of the rollout
+    ("truth_hits", pa.int32()),       # label-1 tokens among the selected top_k
+    ("truth_recall", pa.float32()),   # truth_hits / truth_tokens; NaN when there is none
+    ("truth_auc", pa.float32()),      # P(label-1 token outscores a label-0 one); NaN without both kinds
+]
 # Columns that must hold one value per response token.
 ALIGNED_WITH_RESPONSE = ["response_logprobs", "token_scores", "token_weights", "token_advantages", "token_truth"]
 
@@ -187,7 +193,7 @@ def _check_columns(table: pa.Table, schema: pa.Schema, path: Path, kind: str) ->
 
 
 # token_scores is NaN outside the reasoning by design; every other float must be finite.
-NAN_ALLOWED = {"token_scores", "recall"}  # recall: NaN for a rollout without causal tokens
+NAN_ALLOWED = {"token_scores", "recall", "truth_recall", "truth_auc"}  # NaN: nothing to recall / to rank
 
 
 def _check_finite(table: pa.Table, path: Path) -> None:

@@ -4,15 +4,16 @@ A problem defines a chain of variables, each the previous one plus or minus a di
 *distractors* (x, y) that hang off the chain but feed nothing; it asks for the chain's last variable:
 
     problem   a=34, b=a+7, c=b-5, x=b+3, d=c+8, e=d-2. Find e.
-    solution  b=34+7=41. so c=41-5=36. then x=41+3=44. d=36+8=44. now e=44-2=42. e=42. \\boxed{42}
+    solution  b=34+7=41. so c=41-5=36. d=36+8=44. now e=44-2=42. then x=3+41=44. e=42. \\boxed{42}
 
 The chain has `length` steps (a given start value, then `length` computed variables b, c, ...), so
-the answer depends on every chain step and on nothing else. A solution makes free choices that can
+the answer depends on every chain step and on nothing else. A solution computes the chain first, in
+order, so each step copies the result just before it; distractors come after the query's step. A solution makes free choices that can
 never change the answer, each drawn uniformly when a solution is generated (so a policy warm-started
 on them samples them with real entropy):
 - a filler word before each step: nothing, `so `, `then ` or `now `;
 - the operand order of an addition (`41+3` or `3+41`);
-- whether each distractor is computed (its step is written, or not);
+- whether each distractor is computed (after the chain), and in which order;
 - an optional restatement of the answer (`e=42.`) before the box.
 Which tokens the answer depends on is computed from a response's own steps in `oarctl/toy/truth.py`.
 
@@ -131,12 +132,14 @@ def draw_problem(length: int, rng: random.Random) -> ChainProblem:
 
 
 def write_solution(problem: ChainProblem, rng: random.Random) -> str:
-    """One correct solution, its free choices drawn uniformly (see the module docstring)."""
+    """One correct solution, its free choices drawn uniformly (see the module docstring): the chain
+    in order, then the distractors it computes, in either order, then the optional restatement."""
     values, parts = problem.values(), []
-    needed = set(problem.ancestors(problem.query))
-    for d in problem.definitions:
-        if d.parent is None or (d.name not in needed and rng.random() < 0.5):
-            continue
+    chain = problem.ancestors(problem.query)[::-1]
+    distractors = [d.name for d in problem.definitions if d.parent is not None and d.name not in chain]
+    rng.shuffle(distractors)
+    for name in chain + [n for n in distractors if rng.random() < 0.5]:
+        d = problem.by_name[name]
         left, right = values[d.parent], d.operand
         if d.op == "+" and rng.random() < 0.5:
             left, right = right, left

@@ -26,8 +26,9 @@ What "depends on" means where a response is malformed:
 - a missing step (a variable never computed, or its step unreadable) has no tokens to label; the
   search goes on below it: the grandparent's step is the last one before the nearest step found;
 - a variable computed twice: only the last step before its use is on the path, the other is 0;
-- no step for the query (skipped, garbled, or cut off): nothing in the reasoning is on the path, so
-  every readable token is 0 and only the boxed answer (if any) is 1;
+- no step for the query (skipped, garbled, or cut off) is a missing step like any other: the steps
+  of its ancestors are still on the path (the box then copies a value that depends on them or on
+  nothing, which labels cannot tell);
 - a response that is truncated or has no box: the path is taken at the end of the response.
 """
 from __future__ import annotations
