@@ -38,9 +38,9 @@ class DataConfig:
     toy_train_size: int = option(4096, "number of generated training problems")
     toy_heldout_size: int = option(256, "number of generated held-out problems (disjoint from train)")
     toy_levels: list = option([1, 2, 3, 4, 5], "difficulty levels of the generated problems (see oarctl/toy/task.py)")
-    toy_family: str = option("arithmetic", "generated problems: arithmetic (oarctl/toy/task.py, data.toy_levels) or "
-                                           "chains (oarctl/toy/chains.py, data.chain_lengths; rollouts get token_truth)")
-    chain_lengths: list = option([4, 5, 6, 7, 8], "toy_family chains: computed steps per chain, mixed uniformly (1..12)")
+    toy_family: str = option("arithmetic", "generated problems: arithmetic (oarctl/toy/task.py, data.toy_levels) "
+                                           "or chains (oarctl/toy/chains.py, data.chain_lengths; with token_truth)")
+    chain_lengths: list = option([4, 5, 6, 7, 8], "toy_family chains: computed steps per chain, mixed evenly (1..12)")
     train_split: str = option("train", "split of a Hugging Face dataset named in data.train (or write name:split)")
     heldout_split: str = option("test", "split of a Hugging Face dataset named in data.heldout or evaluate.benchmarks")
     problem_column: str = option("problem", "column holding the problem text (files and hub datasets)")

@@ -198,7 +198,8 @@ def test_cli_fidelity_scores_methods_against_the_truth(cli, tiny_config, tiny_po
     tokenizer = load_tokenizer(tiny_policy)
     write_parquet(make_table(chains_columns(tokenizer), "rollouts"), tmp_path / "rollouts.parquet")
     config = tiny_config(verify={"method": "boxed"}, fidelity={"max_new_tokens": 8, "ks": [0.5]})
-    assert cli("verify", tmp_path / "rollouts.parquet", "-o", tmp_path / "verified.parquet", "-c", config).exit_code == 0
+    verified = cli("verify", tmp_path / "rollouts.parquet", "-o", tmp_path / "verified.parquet", "-c", config)
+    assert verified.exit_code == 0, verified.output
     output = tmp_path / "fidelity.parquet"
     result = cli("fidelity", tmp_path / "verified.parquet", "-o", output, "-c", config, "--methods", "truth,random")
     assert result.exit_code == 0, result.output

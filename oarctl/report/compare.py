@@ -5,7 +5,9 @@ metrics.jsonl, the first eval at or above the target accuracy, and wall time per
 the step's stage `wall_seconds` (from the `*.manifest.json` beside each step output; a cache hit
 keeps the time of the run that computed it), averaged over steps. Per method: mean +- std over
 seeds (sample std, 0 for one seed). Writes a Markdown table and an HTML page with the overlaid
-curves (mean over seeds, min-max band) embedded, plus the curves as PNGs beside the page.
+curves (mean over seeds, min-max band) embedded, plus the curves as PNGs beside the page. When
+runs of `uniform` share seeds with other methods, a paired table follows: each method's margin over
+uniform per held-out prompt, with a 95% interval (oarctl/report/paired.py).
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ import numpy as np
 import yaml
 
 from oarctl.errors import OarError
+from oarctl.report.paired import paired_table
 from oarctl.report.run_report import _data_uri, eval_series, read_metrics, sampled_key, step_series
 
+PAIRED_TITLE = "Paired against uniform (same seeds, per held-out prompt, 95% interval, points)"
 DEFAULT_TARGET = 0.45  # held-out greedy accuracy for "steps to target" (the demo's trained level)
 
 
@@ -136,15 +140,19 @@ def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None
     groups: dict[str, list[RunSummary]] = {}
     for summary in sorted((summarise(d, target) for d in run_dirs), key=lambda s: (s.method, s.seed)):
         groups.setdefault(summary.method, []).append(summary)
-    table, images = markdown_table(groups, target), curve_images(groups)
+    summary, paired, images = markdown_table(groups, target), paired_table(groups), curve_images(groups)
+    table = summary
     for name, png in images.items():
         write_bytes_atomically(output.parent / output.stem / f"{name}.png", png)
+    if paired:
+        table += f"\n{PAIRED_TITLE}\n\n{paired}"
+        paired = f"<h2>{html.escape(PAIRED_TITLE)}</h2>{_html_table(paired)}"
     write_bytes_atomically(output.with_suffix(".md"), table)
     figures = "".join(f'<img src="{_data_uri(png)}" alt="{name}">' for name, png in images.items())
     style = "body{font-family:sans-serif;margin:24px}td,th{border:1px solid #ccc;padding:4px 8px}" \
             "table{border-collapse:collapse}img{width:520px;margin:6px}"
     write_bytes_atomically(output, f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>oarctl compare</title>'
-                                   f'<style>{style}</style></head><body><h1>Runs compared</h1>{_html_table(table)}'
-                                   f'<h2>Curves</h2>{figures}</body></html>')
+                                   f'<style>{style}</style></head><body><h1>Runs compared</h1>{_html_table(summary)}'
+                                   f'{paired}<h2>Curves</h2>{figures}</body></html>')
     log(f"compare: {sum(len(r) for r in groups.values())} runs, {len(groups)} methods -> {output}")
     return table

@@ -8,9 +8,9 @@ A problem defines a chain of variables, each the previous one plus or minus a di
 
 The chain has `length` steps (a given start value, then `length` computed variables b, c, ...), so
 the answer depends on every chain step and on nothing else. A solution computes the chain first, in
-order, so each step copies the result just before it; distractors come after the query's step. A solution makes free choices that can
-never change the answer, each drawn uniformly when a solution is generated (so a policy warm-started
-on them samples them with real entropy):
+order, so each step copies the result just before it; distractors come after the query's step.
+A solution makes free choices that can never change the answer, each drawn uniformly when a
+solution is generated (so a policy warm-started on them samples them with real entropy):
 - a filler word before each step: nothing, `so `, `then ` or `now `;
 - the operand order of an addition (`41+3` or `3+41`);
 - whether each distractor is computed (after the chain), and in which order;
@@ -51,7 +51,9 @@ class Definition:
 
     @property
     def text(self) -> str:
-        return f"{self.name}={self.operand}" if self.parent is None else f"{self.name}={self.parent}{self.op}{self.operand}"
+        if self.parent is None:
+            return f"{self.name}={self.operand}"
+        return f"{self.name}={self.parent}{self.op}{self.operand}"
 
 
 @dataclass(frozen=True)

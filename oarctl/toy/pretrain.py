@@ -34,6 +34,13 @@ from oarctl.toy.task import generate_problems, is_reserved
 from oarctl.toy.tokenizer import build_tokenizer, format_prompt
 from oarctl.verify.boxed import score
 
+# The settings each shipped policy was built with (`oarctl toy build --family F` uses them; the
+# exact command is also in the folder's base_policy.json).
+RECIPES = {
+    "arithmetic": {},
+    "chains": {"max_steps": 4000, "eval_every": 200, "target_band": (0.15, 0.3), "lr": 3e-3, "batch_size": 32,
+               "hidden_size": 96, "num_layers": 3, "n_heldout": 128, "eval_samples": 2, "threads": 1},
+}
 LOG_EVERY = 25  # training loss lines between evaluations
 HELDOUT_SEED_OFFSET = 1_000  # held-out problems come from seed + this, minus the train problems
 MAX_NEW_TOKENS = {"arithmetic": 48, "chains": 224}  # longest solution plus eos: ~40 / ~190 tokens
@@ -125,7 +132,8 @@ def _command(out_dir, seed, max_steps, eval_every, target_band, lr, batch_size, 
     if shape["family"] != "arithmetic":
         command += (f" --family {shape['family']} --levels {' '.join(map(str, shape['levels']))} "
                     f"--hidden {shape['hidden_size']} --layers {shape['num_layers']} "
-                    f"--heldout {shape['n_heldout']} --eval-samples {shape['eval_samples']}")
+                    f"--heldout {shape['n_heldout']} --eval-samples {shape['eval_samples']} "
+                    f"--threads {shape['threads']}")
     return command
 
 
@@ -214,7 +222,7 @@ def pretrain(out_dir: Path, seed: int = 0, max_steps: int = 3000, eval_every: in
         log(f"WARNING: {note}")
         model.load_state_dict(best[1])
     shape = {"family": family, "levels": list(levels), "hidden_size": hidden_size, "num_layers": num_layers,
-             "n_heldout": n_heldout, "eval_samples": eval_samples}
+             "n_heldout": n_heldout, "eval_samples": eval_samples, "threads": threads}
     extra = {} if family == "arithmetic" else {"family": family, "hidden_size": hidden_size, "num_layers": num_layers}
     meta = _metadata(
         best[0], seed=seed, steps_run=step, wall_seconds=round(before + time.time() - started, 1),
@@ -245,13 +253,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heldout", type=int, default=128, help="held-out problems per evaluation")
     parser.add_argument("--eval-samples", type=int, default=4, help="sampled responses per held-out problem")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (1 on a busy machine: much faster)")
     parser.add_argument("--state", type=Path, default=None, help="save the training state here; resume from it")
     parser.add_argument("--time-limit", type=float, default=None, help="pause (with --state) after N seconds")
     args = parser.parse_args(argv)
     return pretrain(args.out, seed=args.seed, max_steps=args.max_steps, eval_every=args.eval_every,
                     target_band=tuple(args.band), lr=args.lr, batch_size=args.batch_size, family=args.family,
                     levels=args.levels, hidden_size=args.hidden, num_layers=args.layers, n_heldout=args.heldout,
-                    eval_samples=args.eval_samples, state_dir=args.state,
+                    eval_samples=args.eval_samples, threads=args.threads, state_dir=args.state,
                     time_limit=args.time_limit)
 
 

@@ -3,8 +3,8 @@ same command run again continues where it stopped and ends with the checkpoint a
 gives (training draws no random numbers, evaluations are seeded, AdamW and the schedule are restored).
 
 A state folder holds `model.safetensors` (current weights), `best.safetensors` (the evaluated
-weights closest to the band so far, once there was an evaluation), `optimizer.safetensors` (AdamW moments and step counts, by
-parameter index) and `state.json` (step, schedule position, the best evaluation's metrics).
+weights closest to the band so far, once there was an evaluation), `optimizer.safetensors` (AdamW
+moments and step counts, by parameter index) and `state.json` (step, schedule position, the best evaluation's metrics).
 Safetensors only: nothing is unpickled.
 """
 from __future__ import annotations
