@@ -28,12 +28,12 @@ def tokenizer():
     return build_tokenizer()
 
 
-def chains_columns(tokenizer, responses=(RIGHT, WRONG), golds=("42", "42")) -> dict:
+def chains_columns(tokenizer, responses=(RIGHT, WRONG)) -> dict:
     from oarctl.stages.sample import prompt_token_ids
 
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for text in responses]
     rows = len(responses)
-    return {"prompt_id": ["p0"] * rows, "problem": [PROBLEM] * rows, "answer": list(golds),
+    return {"prompt_id": ["p0"] * rows, "problem": [PROBLEM] * rows, "answer": ["42"] * rows,
             "sample_index": list(range(rows)), "prompt_token_ids": [prompt_token_ids(tokenizer, PROBLEM)] * rows,
             "response_token_ids": ids, "response_logprobs": [[-1.0] * len(r) for r in ids],
             "response_text": list(responses), "finish_reason": ["stop"] * rows, "temperature": [1.0] * rows,
@@ -197,7 +197,8 @@ def test_cli_fidelity_scores_methods_against_the_truth(cli, tiny_config, tiny_po
 
     tokenizer = load_tokenizer(tiny_policy)
     write_parquet(make_table(chains_columns(tokenizer), "rollouts"), tmp_path / "rollouts.parquet")
-    config = tiny_config(verify={"method": "boxed"}, fidelity={"max_new_tokens": 8, "ks": [0.5]})
+    # at K = 90% the top tokens hold every label-1 token (about half of the reasoning) when ranked right
+    config = tiny_config(verify={"method": "boxed"}, fidelity={"max_new_tokens": 8, "ks": [0.9]})
     verified = cli("verify", tmp_path / "rollouts.parquet", "-o", tmp_path / "verified.parquet", "-c", config)
     assert verified.exit_code == 0, verified.output
     output = tmp_path / "fidelity.parquet"
@@ -208,4 +209,5 @@ def test_cli_fidelity_scores_methods_against_the_truth(cli, tiny_config, tiny_po
     assert (table[table["method"] == "truth"]["truth_auc"] == 1.0).all()  # the labels rank themselves perfectly
     report = output.with_suffix(".md").read_text()
     assert "Against the ground truth" in report and "| truth | 1.000 | 1.000 |" in report
+    assert "| random | 1.000" not in report
     assert "of the oracle's causal tokens are label 1" in report
