@@ -211,3 +211,52 @@ def test_cli_fidelity_scores_methods_against_the_truth(cli, tiny_config, tiny_po
     assert "Against the ground truth" in report and "| truth | 1.000 | 1.000 |" in report
     assert "| random | 1.000" not in report
     assert "of the oracle's causal tokens are label 1" in report
+
+
+def test_a_chains_run_carries_token_truth_to_the_advantages(cli, tiny_config, tmp_path):
+    """One step of `oarctl run` on the chains family: the rollouts get labels, truth scores them."""
+    from oarctl.artifacts import read_artifact
+
+    config = tiny_config(run={"steps": 1, "progress": False}, data={"toy_family": "chains", "chain_lengths": [4]},
+                         attribute={"method": "truth"})
+    result = cli("run", "-c", config, "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    step = tmp_path / "run" / "step_0000"
+    rollouts = read_artifact(step / "rollouts.parquet", "rollouts")
+    problems, responses = rollouts["problem"].to_pylist(), rollouts["response_token_ids"].to_pylist()
+    tokenizer = build_tokenizer()
+    assert rollouts["token_truth"].to_pylist() == [truth.token_truth(p, r, tokenizer) for p, r in zip(problems, responses)]
+    advantages = read_artifact(step / "advantages.parquet", "advantages")
+    assert advantages["token_truth"].to_pylist() == rollouts["token_truth"].to_pylist()
+    for labels, scores, end in zip(advantages["token_truth"].to_pylist(), advantages["token_scores"].to_pylist(),
+                                   advantages["reasoning_end"].to_pylist()):
+        assert scores[:end] == [1.0 if label else 0.0 for label in labels[:end]]  # -1 scores 1 too
+
+
+def test_arithmetic_rollouts_stay_as_they_were(cli, tiny_config, tmp_path):
+    """No token_truth column (and so the same bytes and cache keys) for the arithmetic family."""
+    result = cli("sample", tmp_path / "p.parquet", "-o", tmp_path / "r.parquet", "-c", tiny_config())
+    assert result.exit_code != 0  # no prompts file yet: write one with `oarctl toy prompts`
+    assert cli("toy", "prompts", "-o", tmp_path / "p.parquet", "-n", 4, "-c", tiny_config()).exit_code == 0
+    assert cli("sample", tmp_path / "p.parquet", "-o", tmp_path / "r.parquet", "-c", tiny_config()).exit_code == 0
+    assert "token_truth" not in pq.read_table(tmp_path / "r.parquet").column_names
+
+
+def test_mc_options_join_the_attribute_cache_key_only_for_mc_value():
+    """Runs of every other method keep the attribute cache keys they had before mc_value existed."""
+    from oarctl.config import MC_OPTIONS, load_config
+    from oarctl.pipeline import key_section
+
+    assert not set(MC_OPTIONS) & set(key_section(load_config(), "attribute"))
+    assert set(MC_OPTIONS) <= set(key_section(load_config(overrides=["attribute.method=mc_value"]), "attribute"))
+
+
+def test_fidelity_key_has_mc_options_only_when_mc_value_is_scored(tmp_path, tiny_policy):
+    from oarctl.config import MC_OPTIONS, load_config
+    from oarctl.fidelity import fidelity_key
+
+    (tmp_path / "v.parquet").write_bytes(b"x")
+    plain = fidelity_key(tmp_path / "v.parquet", load_config(), tiny_policy)["config"]["attribute"]
+    with_mc = fidelity_key(tmp_path / "v.parquet", load_config(overrides=["fidelity.methods=[mc_value]"]),
+                           tiny_policy)["config"]["attribute"]
+    assert not set(MC_OPTIONS) & set(plain) and set(MC_OPTIONS) <= set(with_mc)
