@@ -53,48 +53,47 @@ def test_stream_is_deterministic_and_lengths_are_levels():
         next(chains.iter_problems(0, (0,)))
 
 
-def test_problems_have_a_chain_and_one_or_two_distractors_after_their_parents():
+def test_problems_have_a_chain_and_one_to_three_distractors_off_the_start():
     for item in _items(300):
         problem = chains.parse_problem(item["problem"])
         names = [d.name for d in problem.definitions]
         chain = [n for n in names if n in chains.CHAIN_NAMES]
         assert chain == list(chains.CHAIN_NAMES[:item["level"] + 1]) and problem.query == chain[-1]
         distractors = [d for d in problem.definitions if d.name in chains.DISTRACTOR_NAMES]
-        assert 1 <= len(distractors) <= 2
-        for d in distractors:
-            assert d.parent in chain[:-1] and names.index(d.parent) < names.index(d.name)
-        assert all(chains.LOW <= value <= chains.HIGH for value in problem.values().values())
+        assert 1 <= len(distractors) <= 3 and all(d.parent == "a" for d in distractors)
+        assert names[0] == "a" and all(chains.LOW <= value <= chains.HIGH for value in problem.values().values())
         assert item["answer"] == str(problem.values()[problem.query])
 
 
 def test_solutions_are_right_and_their_free_choices_vary():
-    """Chain first (in order, each step right), then distractors, then the restatement and the box;
-    every free choice is seen both ways over 300 solutions."""
+    """Restatement, then distractors, then the chain in order, then the box; every free choice is
+    seen both ways over 300 solutions."""
     seen = {"filler": set(), "swapped": set(), "distractors": set(), "distractor order": set(), "restated": set()}
     for item in _items(300):
         problem = chains.parse_problem(item["problem"])
         values, by_name, chain = problem.values(), problem.by_name, problem.ancestors(problem.query)[::-1]
-        segments = [s for s in truth.parse_response(item["solution"]) if s.kind != "space"]
-        assert [s.kind for s in segments][-1] == "box" and segments[-1].match.group("answer") == item["answer"]
+        segments = [s for s in truth.parse_response(item["solution"]) if s.kind not in ("space", "filler")]
+        kinds = [s.kind for s in segments]
+        assert kinds[-1] == "box" and segments[-1].match.group("answer") == item["answer"]
+        assert "unknown" not in kinds and kinds.count("question") <= 1 and kinds[1:].count("question") == 0
         steps = [s.match for s in segments if s.kind == "step"]
         names = [m.group("name") for m in steps]
-        assert names[:len(chain)] == chain and set(names[len(chain):]) <= set(chains.DISTRACTOR_NAMES)
+        extra = len(names) - len(chain)
+        assert names[extra:] == chain and set(names[:extra]) <= set(chains.DISTRACTOR_NAMES)
         for match in steps:
             definition = by_name[match.group("name")]
             left, right = int(match.group("left")), int(match.group("right"))
             assert {left, right} == {values[definition.parent], definition.operand}
             assert match.group("op") == definition.op and int(match.group("value")) == values[definition.name]
             seen["swapped"].add(left == definition.operand and definition.op == "+")
-        seen["filler"] |= {s.match.group(0) for s in segments if s.kind == "filler"}
-        seen["filler"].add("" if sum(s.kind == "filler" for s in segments) < len(steps) else "all")
-        seen["distractors"].add(len(names) - len(chain))
-        if len(names) - len(chain) == 2:
-            seen["distractor order"].add(tuple(names[len(chain):]))
-        restatements = [s for s in segments if s.kind == "restatement"]
-        seen["restated"].add(bool(restatements))
-        assert all(s.match.group(0) == f"{problem.query}={item['answer']}." for s in restatements)
-    assert seen["filler"] >= {"so", "then", "now", ""} and seen["swapped"] == {True, False}
-    assert seen["distractors"] == {0, 1, 2} and seen["distractor order"] == {("x", "y"), ("y", "x")}
+        fillers = [s.match.group(0) for s in truth.parse_response(item["solution"]) if s.kind == "filler"]
+        seen["filler"] |= set(fillers) | ({""} if len(fillers) < len(segments) - 1 else set())
+        seen["distractors"].add(extra)
+        seen["distractor order"].add(tuple(names[:extra]))
+        seen["restated"].add(kinds[0] == "question")
+        assert kinds[0] != "question" or segments[0].match.group(0) == f"find {problem.query}."
+    assert seen["filler"] == {"", "so", "then", "now", "next", "and"} and seen["swapped"] == {True, False}
+    assert seen["distractors"] == {0, 1, 2, 3} and {("x", "y"), ("y", "x")} <= seen["distractor order"]
     assert seen["restated"] == {True, False}
 
 
@@ -154,7 +153,7 @@ def test_without_a_box_the_path_is_taken_at_the_end_and_a_cut_step_is_unknown():
 
 
 def test_distractors_restatements_and_unknown_names_are_free():
-    text = "x=41+3=44. so q=1+1=2. now a=34+0=34. e=42. \\boxed{42}"
+    text = "find e. x=41+3=44. so q=1+1=2. next a=34+0=34. e=42. \\boxed{42}"
     assert _labels(text) == F * (len(text) - 3) + "11" + F
 
 

@@ -1,25 +1,32 @@
 """The `chains` toy family: named-variable chains whose credit structure is known by construction.
 
-A problem defines a chain of variables, each the previous one plus or minus a digit, and one or two
-*distractors* (x, y) that hang off the chain but feed nothing; it asks for the chain's last variable:
+A problem defines a chain of variables, each the previous one plus or minus a digit, and one to
+three *distractors* (x, y, z) computed from the same start value but feeding nothing; it asks for
+the chain's last variable:
 
-    problem   a=34, b=a+7, c=b-5, x=b+3, d=c+8, e=d-2. Find e.
-    solution  b=34+7=41. so c=41-5=36. d=36+8=44. now e=44-2=42. then x=3+41=44. e=42. \\boxed{42}
+    problem   a=34, b=a+7, x=a+3, c=b-5, d=c+8, y=a-6, e=d-2. Find e.
+    solution  find e. so y=34-6=28. b=7+34=41. then c=41-5=36. next d=36+8=44. e=44-2=42. \\boxed{42}
 
 The chain has `length` steps (a given start value, then `length` computed variables b, c, ...), so
-the answer depends on every chain step and on nothing else. A solution computes the chain first, in
-order, so each step copies the result just before it; distractors come after the query's step.
-A solution makes free choices that can never change the answer, each drawn uniformly when a
-solution is generated (so a policy warm-started on them samples them with real entropy):
-- a filler word before each step: nothing, `so `, `then ` or `now `;
-- the operand order of an addition (`41+3` or `3+41`);
-- whether each distractor is computed (after the chain), and in which order;
-- an optional restatement of the answer (`e=42.`) before the box.
-Which tokens the answer depends on is computed from a response's own steps in `oarctl/toy/truth.py`.
+the answer depends on every chain step and on nothing else. A solution makes free choices that can
+never change the answer, each drawn uniformly when a solution is generated (so a policy warm-started
+on them samples them with real entropy):
+- a filler word before each step: nothing, `so `, `then `, `now `, `next ` or `and `;
+- the operand order of an addition (`34+7` or `7+34`);
+- whether each distractor is computed, and in which order;
+- an optional restatement of the question (`find e.`) at the start.
+The free choices are placed where no later step copies from them, so that they are inert for a policy
+too, not only by the task's semantics: the restatement holds no number, the distractors come first
+(the chain's first step copies the start value from the problem, as they do), and the chain is
+written in order, each step copying the result just before it, with the box right after the query's
+step. (An earlier version put the distractors between the query's step and the box: responses that
+computed one were right half as often, the policy copying the wrong value into the box, so those
+"free" tokens mattered after all.) Which tokens the answer depends on is computed from a response's
+own steps in `oarctl/toy/truth.py`.
 
 Values stay two-digit (10..99): an operation that would leave the range is flipped (+ <-> -), so every
 step is "2-digit +/- 1-digit", the easy level of the arithmetic family; difficulty comes from the
-length of the chain (one slip anywhere breaks it) and from copying the right earlier value.
+length of the chain (one slip anywhere breaks it) and from finding each variable's definition.
 """
 from __future__ import annotations
 
@@ -34,7 +41,7 @@ CHAIN_NAMES = "abcdefghijklm"  # a is the given start value; b.. the computed ch
 DISTRACTOR_NAMES = "xyz"
 MAX_LENGTH = len(CHAIN_NAMES) - 1
 DEFAULT_LENGTHS: tuple[int, ...] = (4, 5, 6, 7, 8)
-FILLERS = ("", "so ", "then ", "now ")
+FILLERS = ("", "so ", "then ", "now ", "next ", "and ")
 LOW, HIGH = 10, 99  # every value stays two-digit
 
 DEFINITION = re.compile(r"([a-z])=(?:(\d+)|([a-z])([+\-])(\d+))")
@@ -116,7 +123,7 @@ def _step_op(rng: random.Random, value: int) -> tuple[str, int]:
 
 
 def draw_problem(length: int, rng: random.Random) -> ChainProblem:
-    """A chain of `length` computed steps with one or two distractors placed after their parents."""
+    """A chain of `length` computed steps and one to three distractors off the start value a."""
     values = {"a": rng.randint(LOW, HIGH)}
     definitions = [Definition("a", None, None, values["a"])]
     for index in range(1, length + 1):
@@ -124,32 +131,31 @@ def draw_problem(length: int, rng: random.Random) -> ChainProblem:
         op, digit = _step_op(rng, values[parent])
         values[name] = apply(values[parent], op, digit)
         definitions.append(Definition(name, parent, op, digit))
-    for name in DISTRACTOR_NAMES[:rng.randint(1, 2)]:
-        parent = CHAIN_NAMES[rng.randint(0, length - 1)]  # hangs off a chain variable before the query
-        op, digit = _step_op(rng, values[parent])
-        after = [d.name for d in definitions].index(parent) + 1
-        position = rng.randint(after, len(definitions))  # anywhere after its parent
-        definitions.insert(position, Definition(name, parent, op, digit))
+    for name in DISTRACTOR_NAMES[:rng.randint(1, len(DISTRACTOR_NAMES))]:
+        op, digit = _step_op(rng, values["a"])
+        definitions.insert(rng.randint(1, len(definitions)), Definition(name, "a", op, digit))
     return ChainProblem(tuple(definitions), CHAIN_NAMES[length])
 
 
+def _step_text(problem: ChainProblem, values: dict, name: str, rng: random.Random) -> str:
+    d = problem.by_name[name]
+    left, right = values[d.parent], d.operand
+    if d.op == "+" and rng.random() < 0.5:
+        left, right = right, left
+    return f"{d.name}={left}{d.op}{right}={values[d.name]}."
+
+
 def write_solution(problem: ChainProblem, rng: random.Random) -> str:
-    """One correct solution, its free choices drawn uniformly (see the module docstring): the chain
-    in order, then the distractors it computes, in either order, then the optional restatement."""
-    values, parts = problem.values(), []
+    """One correct solution, its free choices drawn uniformly (see the module docstring): the optional
+    restatement, the distractors it computes in any order, the chain in order, the box."""
+    values = problem.values()
     chain = problem.ancestors(problem.query)[::-1]
     distractors = [d.name for d in problem.definitions if d.parent is not None and d.name not in chain]
     rng.shuffle(distractors)
-    for name in chain + [n for n in distractors if rng.random() < 0.5]:
-        d = problem.by_name[name]
-        left, right = values[d.parent], d.operand
-        if d.op == "+" and rng.random() < 0.5:
-            left, right = right, left
-        parts.append(f"{rng.choice(FILLERS)}{d.name}={left}{d.op}{right}={values[d.name]}.")
-    answer = values[problem.query]
-    if rng.random() < 0.5:
-        parts.append(f"{rng.choice(FILLERS)}{problem.query}={answer}.")
-    return " ".join(parts) + f" \\boxed{{{answer}}}"
+    parts = [f"find {problem.query}."] if rng.random() < 0.5 else []
+    parts += [_step_text(problem, values, name, rng) for name in distractors if rng.random() < 0.5]
+    parts += [_step_text(problem, values, name, rng) for name in chain]
+    return " ".join(rng.choice(FILLERS) + part for part in parts) + f" \\boxed{{{values[problem.query]}}}"
 
 
 def check_lengths(lengths: Iterable[int]) -> tuple[int, ...]:

@@ -38,7 +38,7 @@ from oarctl.verify.boxed import score
 # exact command is also in the folder's base_policy.json).
 RECIPES = {
     "arithmetic": {},
-    "chains": {"max_steps": 4000, "eval_every": 200, "target_band": (0.15, 0.3), "lr": 3e-3, "batch_size": 32,
+    "chains": {"max_steps": 4000, "eval_every": 100, "target_band": (0.1, 0.3), "lr": 3e-3, "batch_size": 32,
                "hidden_size": 96, "num_layers": 3, "n_heldout": 128, "eval_samples": 2, "threads": 1},
 }
 LOG_EVERY = 25  # training loss lines between evaluations

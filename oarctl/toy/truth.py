@@ -7,12 +7,12 @@ from the problem's definitions and the response's own steps. No model is involve
     1   the answer depends on it: in every step on the answer's path (below), the characters of the
         variable's name, the two operands, the operator and the result; and the boxed answer itself
     0   it does not: filler words, spaces, the fixed punctuation (`=`, `.`, `\\boxed{`, `}`), whole
-        distractor steps, restatements (`e=42.`), steps of unknown or given variables, steps that
-        are superseded (below), special tokens (eos)
+        distractor steps, restatements (of the question, `find e.`, or of a value, `e=42.`), steps of
+        unknown or given variables, steps that are superseded (below), special tokens (eos)
    -1   unknown: text the grammar cannot read (a garbled or truncated step), up to the next space
 
 The response is read as a program: segments separated by spaces, each a filler word, a step
-`NAME=A+B=V.` / `NAME=A-B=V.`, a restatement `NAME=V.`, or the box `\\boxed{...}`. The answer's path
+`NAME=A+B=V.` / `NAME=A-B=V.`, a restatement `find NAME.` or `NAME=V.`, or the box `\\boxed{...}`. The answer's path
 is found from the query backwards, through the *problem's* definitions and the *response's* steps:
 the query's step is the last step named after the query before the (last) box, or before the end of
 the response when it has no box; the step of its parent is the last step named after the parent
@@ -43,7 +43,8 @@ DEPENDS, FREE, UNKNOWN = 1, 0, -1
 
 SEGMENT = re.compile(r"""
     (?P<space>\s+)
-  | (?P<filler>(?:so|then|now)(?=\s))
+  | (?P<filler>(?:so|then|now|next|and)(?=\s))
+  | (?P<question>find\ [a-z]\.)
   | (?P<step>(?P<name>[a-z])=(?P<left>\d+)(?P<op>[+\-])(?P<right>\d+)=(?P<value>-?\d+)\.)
   | (?P<restatement>[a-z]=-?\d+\.)
   | (?P<box>\\boxed\{(?P<answer>[^{}]*)\})
@@ -53,7 +54,7 @@ STEP_PARTS = ("name", "left", "op", "right", "value")  # the groups of a step th
 
 @dataclass(frozen=True)
 class Segment:
-    kind: str  # space, filler, step, restatement, box, unknown
+    kind: str  # space, filler, question, step, restatement, box, unknown
     start: int  # character span in the text, half-open
     end: int
     match: re.Match | None = None
