@@ -1,11 +1,11 @@
 """The `chains` toy family: named-variable chains whose credit structure is known by construction.
 
-A problem defines a chain of variables, each the previous one plus or minus a digit, and one to
+A problem defines a chain of variables, each the previous one plus or minus a digit, and two or
 three *distractors* (x, y, z) computed from the same start value but feeding nothing; it asks for
 the chain's last variable:
 
     problem   a=34, b=a+7, x=a+3, c=b-5, d=c+8, y=a-6, e=d-2. Find e.
-    solution  find e. so y=34-6=28. b=7+34=41. then c=41-5=36. next d=36+8=44. e=44-2=42. \\boxed{42}
+    solution  find e. so y=34-6=28. x=3+34=37. b=7+34=41. then c=41-5=36. next d=36+8=44. e=44-2=42. \\boxed{42}
 
 The chain has `length` steps (a given start value, then `length` computed variables b, c, ...), so
 the answer depends on every chain step and on nothing else. A solution makes free choices that can
@@ -13,7 +13,7 @@ never change the answer, each drawn uniformly when a solution is generated (so a
 on them samples them with real entropy):
 - a filler word before each step: nothing, `so `, `then `, `now `, `next ` or `and `;
 - the operand order of an addition (`34+7` or `7+34`);
-- whether each distractor is computed, and in which order;
+- the order of the distractor steps, which commute (a solution computes them all, first);
 - an optional restatement of the question (`find e.`) at the start.
 The free choices are placed where no later step copies from them, so that they are inert for a policy
 too, not only by the task's semantics: the restatement holds no number, the distractors come first
@@ -21,8 +21,11 @@ too, not only by the task's semantics: the restatement holds no number, the dist
 written in order, each step copying the result just before it, with the box right after the query's
 step. (An earlier version put the distractors between the query's step and the box: responses that
 computed one were right half as often, the policy copying the wrong value into the box, so those
-"free" tokens mattered after all.) Which tokens the answer depends on is computed from a response's
-own steps in `oarctl/toy/truth.py`.
+"free" tokens mattered after all.) The distractor steps are real arithmetic, as hard as the chain's,
+that the answer does not depend on: an outcome reward credits their right and wrong digits alike
+(blamed in a wrong response, rewarded in a right one), which is the credit-assignment error this
+world is built to expose. Which tokens the answer depends on is computed from a response's own
+steps in `oarctl/toy/truth.py`.
 
 Values stay two-digit (10..99): an operation that would leave the range is flipped (+ <-> -), so every
 step is "2-digit +/- 1-digit", the easy level of the arithmetic family; difficulty comes from the
@@ -123,7 +126,7 @@ def _step_op(rng: random.Random, value: int) -> tuple[str, int]:
 
 
 def draw_problem(length: int, rng: random.Random) -> ChainProblem:
-    """A chain of `length` computed steps and one to three distractors off the start value a."""
+    """A chain of `length` computed steps and two or three distractors off the start value a."""
     values = {"a": rng.randint(LOW, HIGH)}
     definitions = [Definition("a", None, None, values["a"])]
     for index in range(1, length + 1):
@@ -131,7 +134,7 @@ def draw_problem(length: int, rng: random.Random) -> ChainProblem:
         op, digit = _step_op(rng, values[parent])
         values[name] = apply(values[parent], op, digit)
         definitions.append(Definition(name, parent, op, digit))
-    for name in DISTRACTOR_NAMES[:rng.randint(1, len(DISTRACTOR_NAMES))]:
+    for name in DISTRACTOR_NAMES[:rng.randint(2, len(DISTRACTOR_NAMES))]:
         op, digit = _step_op(rng, values["a"])
         definitions.insert(rng.randint(1, len(definitions)), Definition(name, "a", op, digit))
     return ChainProblem(tuple(definitions), CHAIN_NAMES[length])
@@ -147,13 +150,13 @@ def _step_text(problem: ChainProblem, values: dict, name: str, rng: random.Rando
 
 def write_solution(problem: ChainProblem, rng: random.Random) -> str:
     """One correct solution, its free choices drawn uniformly (see the module docstring): the optional
-    restatement, the distractors it computes in any order, the chain in order, the box."""
+    restatement, the distractors in any order, the chain in order, the box."""
     values = problem.values()
     chain = problem.ancestors(problem.query)[::-1]
     distractors = [d.name for d in problem.definitions if d.parent is not None and d.name not in chain]
     rng.shuffle(distractors)
     parts = [f"find {problem.query}."] if rng.random() < 0.5 else []
-    parts += [_step_text(problem, values, name, rng) for name in distractors if rng.random() < 0.5]
+    parts += [_step_text(problem, values, name, rng) for name in distractors]
     parts += [_step_text(problem, values, name, rng) for name in chain]
     return " ".join(rng.choice(FILLERS) + part for part in parts) + f" \\boxed{{{values[problem.query]}}}"
 
