@@ -110,8 +110,20 @@ SCHEMAS = {
     "advantages": ADVANTAGES, "update_log": UPDATE_LOG, "eval_results": EVAL_RESULTS,
     "fidelity": FIDELITY,
 }
+# Columns that only some artifacts carry; where present they are checked and kept by every later stage.
+OPTIONAL = {
+    "rollouts": [("token_truth", pa.list_(pa.int8()))],  # chains toy family only: ground-truth credit label
+}                                                         # per response token, 1 / 0 / -1 (oarctl/toy/truth.py)
+for _later in ("verified", "attributions", "advantages"):
+    OPTIONAL[_later] = OPTIONAL["rollouts"]
+OPTIONAL["fidelity"] = [              # with token_truth in the input: each method against the labels
+    ("truth_tokens", pa.int32()),     # label-1 reasoning tokens of the rollout
+    ("truth_hits", pa.int32()),       # label-1 tokens among the selected top_k
+    ("truth_recall", pa.float32()),   # truth_hits / truth_tokens; NaN when there is none
+    ("truth_auc", pa.float32()),      # P(label-1 token outscores a label-0 one); NaN without both kinds
+]
 # Columns that must hold one value per response token.
-ALIGNED_WITH_RESPONSE = ["response_logprobs", "token_scores", "token_weights", "token_advantages"]
+ALIGNED_WITH_RESPONSE = ["response_logprobs", "token_scores", "token_weights", "token_advantages", "token_truth"]
 
 
 def _open_parquet(path: Path) -> pa.Table:
@@ -181,7 +193,7 @@ def _check_columns(table: pa.Table, schema: pa.Schema, path: Path, kind: str) ->
 
 
 # token_scores is NaN outside the reasoning by design; every other float must be finite.
-NAN_ALLOWED = {"token_scores", "recall"}  # recall: NaN for a rollout without causal tokens
+NAN_ALLOWED = {"token_scores", "recall", "truth_recall", "truth_auc"}  # NaN: nothing to recall / to rank
 
 
 def _check_finite(table: pa.Table, path: Path) -> None:
@@ -218,17 +230,23 @@ def read_artifact(path: str | Path, kind: str) -> pa.Table:
     if table.num_rows == 0:
         raise OarError(f"{path}: has no rows")
     table = _check_columns(table, SCHEMAS[kind], path, kind)
+    present = [field for field in OPTIONAL.get(kind, []) if field[0] in table.column_names]
+    table = _check_columns(table, pa.schema(present), path, kind)
     _check_alignment(table, path)
     _check_finite(table.select([f.name for f in SCHEMAS[kind]]), path)
     return table
 
 
 def make_table(columns: dict, kind: str) -> pa.Table:
-    """Build an artifact table from python columns, in the schema's column order."""
+    """Build an artifact table from python columns, in the schema's column order; the optional
+    columns of `kind` follow when `columns` has them (and is not None)."""
     schema = SCHEMAS[kind]
     missing = [f.name for f in schema if f.name not in columns]
     if missing:
         raise ValueError(f"{kind}: columns missing when building the table: {missing}")
+    optional = [pa.field(name, kind_type) for name, kind_type in OPTIONAL.get(kind, [])
+                if columns.get(name) is not None]
+    schema = pa.schema(list(schema) + optional)
     return pa.table({f.name: pa.array(columns[f.name], type=f.type) for f in schema}, schema=schema)
 
 

@@ -265,19 +265,29 @@ def toy_prompts(output: Path = OutputOption, split: str = typer.Option("train", 
     if split not in ("train", "heldout"):
         raise OarError(f"--split: expected train or heldout, got {split!r}")
     settings = _config(config, set)
-    write_parquet(generate_prompts(split, count, settings.data.toy_levels, settings.run.seed), output)
+    from oarctl.toy.families import configured_levels
+
+    write_parquet(generate_prompts(split, count, configured_levels(settings.data), settings.run.seed,
+                                   settings.data.toy_family), output)
     typer.echo(f"wrote {count} {split} prompts to {output}")
 
 
 @toy_app.command("build")
 @user_errors
-def toy_build(output: Path = typer.Option(None, "-o", "--output", help="default: the embedded base policy folder"),
-              seed: int = typer.Option(0, help="training seed")):
-    """Rebuild the embedded base policy by supervised warm start (a few minutes on 2 cores)."""
-    from oarctl.toy import BASE_POLICY_DIR
-    from oarctl.toy.pretrain import pretrain
+def toy_build(output: Path = typer.Option(None, "-o", "--output", help="default: the family's shipped policy folder"),
+              seed: int = typer.Option(0, help="training seed"),
+              family: str = typer.Option("arithmetic", help="task family: arithmetic or chains"),
+              state: Optional[Path] = typer.Option(None, help="save the training state here and resume from it"),
+              time_limit: Optional[float] = typer.Option(None, help="with --state: pause after N seconds")):
+    """Rebuild an embedded base policy by supervised warm start, with the recipe it shipped with
+    (arithmetic ~18 min, chains longer on 2 cores; --state/--time-limit make it pausable)."""
+    from oarctl.toy import policy_folder
+    from oarctl.toy.pretrain import RECIPES, pretrain
 
-    result = pretrain(output or BASE_POLICY_DIR, seed=seed, log=_log)
+    if family not in RECIPES:
+        raise OarError(f"--family: expected one of {', '.join(RECIPES)}, got {family!r}")
+    result = pretrain(output or policy_folder(family), seed=seed, log=_log, family=family, state_dir=state,
+                      time_limit=time_limit, **RECIPES[family])
     typer.echo(f"base policy: {result}")
 
 

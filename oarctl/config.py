@@ -39,6 +39,9 @@ class DataConfig:
     toy_train_size: int = option(4096, "number of generated training problems")
     toy_heldout_size: int = option(256, "number of generated held-out problems (disjoint from train)")
     toy_levels: list = option([1, 2, 3, 4, 5], "difficulty levels of the generated problems (see oarctl/toy/task.py)")
+    toy_family: str = option("arithmetic", "generated problems: arithmetic (oarctl/toy/task.py, data.toy_levels) "
+                                           "or chains (oarctl/toy/chains.py, data.chain_lengths; with token_truth)")
+    chain_lengths: list = option([4, 5, 6, 7, 8], "toy_family chains: computed steps per chain, mixed evenly (1..12)")
     train_split: str = option("train", "split of a Hugging Face dataset named in data.train (or write name:split)")
     heldout_split: str = option("test", "split of a Hugging Face dataset named in data.heldout or evaluate.benchmarks")
     problem_column: str = option("problem", "column holding the problem text (files and hub datasets)")
@@ -51,7 +54,8 @@ class DataConfig:
 
 @dataclass
 class PolicyConfig:
-    path: str = option("toy", "initial policy: 'toy' (embedded tiny model) or a transformers model directory")
+    path: str = option("toy", "initial policy: 'toy' (embedded tiny model), 'toy-chains' (its sibling warm-started "
+                              "on the chains family) or a transformers model directory")
     backend: str = option("transformers", "generation backend of sample/evaluate: transformers, vllm (settings in "
                                           "the vllm section), auto (vllm when CUDA and vllm are available)")
     device: str = option("cpu", "torch device of the policy")
@@ -82,7 +86,7 @@ class VerifyConfig:
 @dataclass
 class AttributeConfig:
     method: str = option("uniform", "token attribution method: uniform (plain GRPO), random, entropy, oar_p, "
-                                    "oar_p_span, oar_p_screened, oar_g")
+                                    "oar_p_span, oar_p_screened, oar_g, truth (chains labels), mc_value (rollouts)")
     oar_p_mode: str = option("last", "OAR-P outcome (oar_p, oar_p_span, oar_p_screened): last, answer_mean, "
                                      "answer_joint")
     oar_g_mode: str = option("answer_mean", "OAR-G outcome: last, answer_mean, answer_joint")
@@ -106,6 +110,10 @@ class AttributeConfig:
                                          "OAR-P too (the audit: how often screening misses a top token)")
     max_perturbations: int = option(256, "oar_p_span / oar_p_screened: most perturbed forwards per response (exact "
                                           "oar_p perturbs every reasoning token)")
+    mc_samples: int = option(4, "mc_value: continuations sampled from each step boundary (K)")
+    mc_max_new_tokens: int = option(64, "mc_value: response budget of a continuation, counted from the response's "
+                                        "start as sample.max_new_tokens is (set them equal)")
+    mc_checker: str = option("math", "mc_value: grader of the continuations (a verify.method name; set it equal)")
     skip_uniform_groups: bool = option(False, "score only rows of groups with mixed rewards: a group whose rewards "
                                               "are all equal has advantage 0, so its token weights change nothing "
                                               "(its rows get NaN scores)")
@@ -342,6 +350,8 @@ def validate(config: Config) -> None:
     _check(0 < config.attribute.screen_fraction <= 1, "attribute.screen_fraction must be in (0, 1]")
     _check(0 <= config.attribute.audit_fraction <= 1, "attribute.audit_fraction must be in [0, 1]")
     _check(config.attribute.max_perturbations >= 1, "attribute.max_perturbations must be >= 1")
+    _check(config.attribute.mc_samples >= 1, "attribute.mc_samples must be >= 1")
+    _check(config.attribute.mc_max_new_tokens >= 1, "attribute.mc_max_new_tokens must be >= 1")
     _check(0 < config.reshape.quantile < 1, "reshape.quantile must be in (0, 1)")
     _check(0 <= config.reshape.floor <= 1, "reshape.floor must be in [0, 1]")
     _check(config.reshape.beta >= 0, "reshape.beta must be >= 0")
@@ -399,6 +409,10 @@ def _validate_data_sources(config: Config) -> None:
     from oarctl.templates import resolve
 
     resolve(config.data.prompt_template)
+    _check(config.data.toy_family in TOY_FAMILIES, f"data.toy_family must be one of {', '.join(TOY_FAMILIES)}")
+    _check(bool(config.data.chain_lengths) and all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 12
+                                                   for n in config.data.chain_lengths),
+           "data.chain_lengths must be a non-empty list of integers in 1..12")
     _check(all(isinstance(level, int) and not isinstance(level, bool) for level in config.data.levels),
            "data.levels must be a list of integers")
     for option_name in ("problem_column", "answer_column", "id_column", "train_split", "heldout_split"):
@@ -440,6 +454,7 @@ def _check_names(config: Config) -> None:
             ("reshape.estimator", config.reshape.estimator, ADVANTAGE_ESTIMATORS),
             ("update.loss_aggregation", config.update.loss_aggregation, LOSS_AGGREGATIONS),
             ("verify.method", config.verify.method, CHECKERS),
+            ("attribute.mc_checker", config.attribute.mc_checker, CHECKERS),
             ("evaluate.checker", config.evaluate.checker, CHECKERS)):
         _check(value in registry, f"{option_name}: unknown {registry.kind} {value!r}; "
                                   f"choose one of: {', '.join(registry.names())}")
@@ -447,6 +462,18 @@ def _check_names(config: Config) -> None:
 
 def section_dict(config: Config, section: str) -> dict:
     return dataclasses.asdict(getattr(config, section))
+
+
+TOY_FAMILIES = ("arithmetic", "chains")
+MC_OPTIONS = ("mc_samples", "mc_max_new_tokens", "mc_checker")
+
+
+def attribute_key(section: dict, methods) -> dict:
+    """The attribute section as a cache key sees it: mc_value's options only when one of `methods` is
+    mc_value, so runs of the other methods keep the keys they had before those options existed."""
+    if "mc_value" in methods:
+        return section
+    return {name: value for name, value in section.items() if name not in MC_OPTIONS}
 
 
 def to_dict(config: Config) -> dict:

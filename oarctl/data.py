@@ -21,14 +21,15 @@ TOY_SEEDS = {"train": 1, "heldout": 2}
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-def toy_prompts(split: str, count: int, levels, seed: int = 0) -> pa.Table:
-    """Distinct generated problems; the held-out split draws only from the reserved hash share,
-    which pretraining of the base policy never saw, and train only from the rest."""
-    from oarctl.toy.task import is_reserved, iter_problems
+def toy_prompts(split: str, count: int, levels, seed: int = 0, family: str = "arithmetic") -> pa.Table:
+    """Distinct generated problems of a toy family; the held-out split draws only from the reserved
+    hash share, which pretraining of the base policies never saw, and train only from the rest."""
+    from oarctl.toy.families import iter_problems
+    from oarctl.toy.task import is_reserved
 
     want_reserved = split == "heldout"
     rows, seen, draws = [], set(), 0
-    for item in iter_problems(seed * 10 + TOY_SEEDS[split], tuple(levels)):
+    for item in iter_problems(family, seed * 10 + TOY_SEEDS[split], levels):
         draws += 1
         if is_reserved(item["problem"]) == want_reserved and item["problem"] not in seen:
             seen.add(item["problem"])
@@ -171,7 +172,9 @@ def load_prompts(source: str, split: str, config, log=_warn) -> pa.Table:
     """A prompts table from 'toy', a file path (.jsonl, .json, .parquet) or a hub dataset name."""
     if source == "toy":
         count = config.data.toy_train_size if split == "train" else config.data.toy_heldout_size
-        return toy_prompts(split, count, config.data.toy_levels, config.run.seed)
+        from oarctl.toy.families import configured_levels
+
+        return toy_prompts(split, count, configured_levels(config.data), config.run.seed, config.data.toy_family)
     return read_prompts(source, f"data.{split}", config.data, default_split=getattr(config.data, f"{split}_split"),
                         levels=config.data.levels if split == "train" else (), log=log)
 

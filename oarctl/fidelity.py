@@ -33,6 +33,10 @@ pass per rollout to choose the alternatives.
 Recall@K: the method's top ceil(K x R) reasoning tokens (at least 1) by score, ties broken by
 position (earlier first), NaN scores last; recall = |top ∩ causal| / |causal|, NaN for a rollout
 without causal tokens, which the averages leave out (the table says how many had some).
+
+Where the rollouts carry ground-truth labels (`token_truth`, the chains toy world), every method is
+also scored against them, beside the oracle: AUC and recall@K of the label-1 tokens
+(oarctl/fidelity_truth.py), in extra columns and a second table.
 """
 from __future__ import annotations
 
@@ -334,11 +338,12 @@ def fidelity_key(input_path: Path, config, policy_path: Path) -> dict:
     """The cache key of `oarctl fidelity`, as the runner keys a stage: what it reads and the options that
     change its result (the fidelity, verify and attribute sections, the seed that draws the rollouts)."""
     from oarctl.checkpoints import policy_identity
-    from oarctl.config import section_dict
+    from oarctl.config import attribute_key, section_dict
     from oarctl.runner import input_hash
 
     sections = {name: section_dict(config, name) for name in ("fidelity", "verify", "attribute")}
     sections["attribute"].pop("accelerate_config", None)  # how a stage is launched, not what it computes
+    sections["attribute"] = attribute_key(sections["attribute"], config.fidelity.methods)
     return {"stage": "fidelity", "version": VERSION, "config": sections, "seed": config.run.seed, "step": 0,
             "inputs": {"verified": input_hash(Path(input_path)), "policy": policy_identity(policy_path)}}
 
@@ -365,6 +370,7 @@ def _measure(input_path: Path, output: Path, config, policy_path: Path, log) -> 
     """Oracle, method scores and the three output files; returns (markdown, manifest metrics)."""
     from oarctl.artifacts import make_table, read_artifact, write_parquet
     from oarctl.attribution.oar import segment_rows
+    from oarctl.fidelity_truth import oracle_agreement, reasoning_labels, truth_columns
     from oarctl.runner import Policy, StageContext
 
     if config.policy.threads:
@@ -391,17 +397,27 @@ def _measure(input_path: Path, output: Path, config, policy_path: Path, log) -> 
     scores = method_scores(section.methods, rollouts, table, config, context)
     seconds["methods"] = time.perf_counter() - started
 
-    result = make_table(fidelity_columns(source_rows, table, causal, scores, section.ks), "fidelity")
+    columns = fidelity_columns(source_rows, table, causal, scores, section.ks)
+    labels = reasoning_labels(table, rollouts)
+    if labels is not None:
+        columns.update(truth_columns(labels, scores, section.ks))
+    result = make_table(columns, "fidelity")
     write_parquet(result, output)
     header = _header(input_path, policy_path, config, cases, causal, table["reward"].to_pylist(), seconds)
+    if labels is not None:
+        header.append(oracle_agreement(causal, labels))
     metrics = {"rollouts": len(cases), "oracle_seconds": seconds["oracle"], "methods_seconds": seconds["methods"]}
     return write_report(result, header, section, output), metrics
 
 
 def write_report(result, header: list[str], section, output: Path) -> str:
     """The markdown table (returned, and saved as OUTPUT.md) and the plot (OUTPUT.png)."""
+    from oarctl.fidelity_truth import truth_report
+
     means = mean_recalls(result)
     report = markdown_report(means, section.methods, section.ks, header)
+    if "truth_auc" in result.column_names:
+        report += "\n".join(truth_report(result, section.methods, section.ks)) + "\n"
     write_bytes_atomically(output.with_suffix(".md"), report)
     rollouts = len(set(result.filter(result["causal_tokens"].to_numpy() > 0)["source_row"].to_pylist()))
     plot_recalls(means, section.methods, section.ks, output.with_suffix(".png"),

@@ -52,9 +52,10 @@ STEP_OUTPUTS = {"sample": "rollouts.parquet", "verify": "verified.parquet", "att
 
 
 def resolve_policy_path(path: str) -> Path:
-    if path == "toy":
-        from oarctl.toy import base_policy_dir
-        return base_policy_dir()
+    from oarctl.toy import EMBEDDED_POLICIES, base_policy_dir
+
+    if path in EMBEDDED_POLICIES:
+        return base_policy_dir(path)
     if not Path(path).exists() and _is_hub_name(path):
         return _hub_snapshot(path)
     return Path(path)
@@ -112,6 +113,8 @@ def key_section(config, name: str) -> dict:
 
     section = config_module.section_dict(config, name)
     section.pop("accelerate_config", None)  # how the stage is launched, not what it computes
+    if name == "attribute":
+        section = config_module.attribute_key(section, [config.attribute.method])
     if name in TEMPLATED_STAGES and config.data.prompt_template != DEFAULT:
         section["prompt_template"] = resolve(config.data.prompt_template).identity
     return section

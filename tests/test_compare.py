@@ -95,3 +95,12 @@ def test_t_quantiles_match_the_table_and_join_the_normal_limit():
     assert (t_975(1), t_975(4), t_975(30)) == (12.706, 2.776, 2.042)
     assert t_975(31) == pytest.approx(2.040, abs=2e-3) and t_975(120) == pytest.approx(1.980, abs=2e-3)
     assert all(t_975(d) > t_975(d + 1) > 1.959964 for d in range(1, 200))
+
+
+def test_runs_with_changed_reshape_options_are_their_own_method():
+    from oarctl.report.compare import method_label
+
+    assert method_label({"attribute": {"method": "truth"}}) == "truth"
+    assert method_label({"attribute": {"method": "truth"}, "reshape": {"quantile": 0.25, "beta": 1.0}}) == "truth"
+    label = method_label(yaml.safe_load("attribute: {method: truth}\nreshape: {quantile: 0.75, floor: 0.0}"))
+    assert label == "truth [floor=0.0, quantile=0.75]"

@@ -1,4 +1,5 @@
-"""`oarctl compare RUN_DIR...`: runs grouped by attribution method, seeds aggregated.
+"""`oarctl compare RUN_DIR...`: runs grouped by attribution method (and reshape options changed from
+their defaults), seeds aggregated.
 
 Per run: attribute.method and run.seed from its config.yaml, accuracies from the last eval line of
 metrics.jsonl, the first eval at or above the target accuracy, and wall time per step = the sum of
@@ -60,6 +61,18 @@ def seconds_per_step(run_dir: Path) -> float | None:
     return float(np.mean(totals)) if totals else None
 
 
+def method_label(document: dict) -> str:
+    """attribute.method, plus the reshape options a run sets away from their defaults (`truth
+    [quantile=0.75]`): the same scores under other weights are another method."""
+    from oarctl.config import ReshapeConfig
+
+    defaults = ReshapeConfig()
+    changed = [f"{name}={value}" for name, value in sorted((document.get("reshape") or {}).items())
+               if hasattr(defaults, name) and value != getattr(defaults, name)]
+    method = str(document.get("attribute", {}).get("method", "?"))
+    return f"{method} [{', '.join(changed)}]" if changed else method
+
+
 def summarise(run_dir: Path, target: float) -> RunSummary:
     document, lines = _config(run_dir), read_metrics(run_dir)
     evals = [x for x in lines if x.get("kind") == "eval"]
@@ -68,7 +81,7 @@ def summarise(run_dir: Path, target: float) -> RunSummary:
     key = sampled_key(lines)
     # the base evaluation (after 0 steps) trained nothing: a base already at the target is not "0 steps"
     reached = [x["after_steps"] for x in evals if x["after_steps"] > 0 and x.get("eval/greedy_accuracy", -1) >= target]
-    return RunSummary(run_dir, str(document.get("attribute", {}).get("method", "?")),
+    return RunSummary(run_dir, method_label(document),
                       int(document.get("run", {}).get("seed", 0)), evals[-1]["eval/greedy_accuracy"],
                       evals[-1].get(key) if key else None, key[5:] if key else None,
                       reached[0] if reached else None, seconds_per_step(run_dir), lines)

@@ -5,6 +5,11 @@ pass over the data, so every prompt is used once before any repeats). Each promp
 `group_size` times and sampled; the sampling log-probs are kept for the PPO ratio. With the vLLM
 backend the metrics also say how the engine was obtained (`engine`: built, reloaded in place, or
 reused) and the seconds of its load and canary check.
+
+When every prompt is a chains toy problem (oarctl/toy/chains.py), the rollouts also get
+`token_truth`, the ground-truth credit label of each response token (oarctl/toy/truth.py); other
+prompt sets get no such column, so their rollouts are byte for byte what they were. The metrics then
+also estimate the policy's entropy on the free tokens and on the answer's (`truth_entropy`).
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from oarctl.artifacts import make_table
 from oarctl.policy.backends import engine_report, generate
 from oarctl.runner import StageContext, StageOutput
 from oarctl.templates import encode, resolve as resolve_template
+from oarctl.toy.truth import truth_column
 
 VERSION = "1"
 
@@ -60,9 +66,22 @@ def run(inputs, config, context: StageContext) -> StageOutput:
         "response_text": tokenizer.batch_decode([g.token_ids for g in generations], skip_special_tokens=True),
         "finish_reason": [g.finish_reason for g in generations],
         "temperature": [config.temperature] * len(repeated),
+        "token_truth": truth_column([r["problem"] for r in repeated], [g.token_ids for g in generations], tokenizer),
     }
     lengths = [len(g.token_ids) for g in generations]
     metrics = {"responses": len(generations), "response_length_mean": float(np.mean(lengths)),
                "truncated_fraction": float(np.mean([g.finish_reason == "length" for g in generations])),
-               **engine_report(context.policy)}
+               **engine_report(context.policy), **truth_entropy(columns["token_truth"], columns["response_logprobs"])}
     return StageOutput(make_table(columns, "rollouts"), metrics)
+
+
+def truth_entropy(labels: list[list[int]] | None, logprobs: list[list[float]]) -> dict:
+    """Policy entropy on the tokens the answer does not depend on (label 0) and on those it does
+    (label 1), estimated by the mean surprisal -log p of the sampled tokens (its expectation is the
+    entropy at the sampling temperature). Uniform credit is argued to collapse the first faster."""
+    if labels is None:
+        return {}
+    flat_labels = np.concatenate([np.asarray(row, np.int8) for row in labels])
+    surprisal = -np.concatenate([np.asarray(row, np.float64) for row in logprobs])
+    return {f"entropy_{name}_tokens": float(surprisal[flat_labels == label].mean())
+            for name, label in (("free", 0), ("answer", 1)) if (flat_labels == label).any()}
