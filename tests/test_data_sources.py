@@ -195,3 +195,14 @@ def test_a_hub_model_name_in_the_local_cache_is_used_offline(tmp_path):
                     "--set", "evaluate.samples=1", "--set", "evaluate.pass_k=[1]", "--set", "run.progress=false")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "greedy" in result.stdout and (tmp_path / "eval.parquet").exists()
+
+
+def test_toy_heldout_is_the_same_for_every_run_seed_and_train_is_not():
+    def problems(split, seed, heldout_seed=0):
+        config = load_config(overrides=[f"run.seed={seed}", f"data.toy_heldout_seed={heldout_seed}",
+                                        "data.toy_heldout_size=16", "data.toy_train_size=16"])
+        return load_prompts("toy", split, config)["problem"].to_pylist()
+
+    assert problems("heldout", 0) == problems("heldout", 3)  # paired seeds are scored on one set
+    assert problems("heldout", 0) != problems("heldout", 0, heldout_seed=1)
+    assert problems("train", 0) != problems("train", 3)

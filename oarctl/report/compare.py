@@ -62,10 +62,12 @@ def seconds_per_step(run_dir: Path) -> float | None:
 
 
 def method_label(document: dict) -> str:
-    """attribute.method, plus the reshape options a run sets away from their defaults (`truth
-    [quantile=0.75]`): the same scores under other weights are another method."""
+    """run.group when set; else attribute.method, plus the reshape options a run sets away from their
+    defaults (`truth [quantile=0.75]`): the same scores under other weights are another method."""
     from oarctl.config import ReshapeConfig
 
+    if (document.get("run") or {}).get("group"):
+        return str(document["run"]["group"])
     defaults = ReshapeConfig()
     changed = [f"{name}={value}" for name, value in sorted((document.get("reshape") or {}).items())
                if hasattr(defaults, name) and value != getattr(defaults, name)]
@@ -171,7 +173,12 @@ def curve_images(groups: dict[str, list[RunSummary]]) -> dict[str, bytes]:
 
     panels = {"accuracy": ("held-out greedy accuracy", "steps trained",
                            lambda lines: eval_series(lines, "eval/greedy_accuracy")),
-              "reward": ("training reward", "step", lambda lines: step_series(lines, "verify/reward_mean"))}
+              "reward": ("training reward", "step", lambda lines: step_series(lines, "verify/reward_mean")),
+              # chains runs only (token_truth): does uniform credit collapse the free tokens' entropy faster?
+              "entropy_free": ("entropy of answer-irrelevant tokens (nats)", "step",
+                               lambda lines: step_series(lines, "sample/entropy_free_tokens")),
+              "entropy_answer": ("entropy of tokens the answer depends on (nats)", "step",
+                                 lambda lines: step_series(lines, "sample/entropy_answer_tokens"))}
     images = {}
     for name, (title, xlabel, series) in panels.items():
         bands = {m: b for m, runs in groups.items() if (b := _band(runs, series)) is not None}
@@ -189,7 +196,7 @@ def _html_table(markdown: str) -> str:
 
 
 def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None, log=print) -> str:
-    """Write OUTPUT (HTML), OUTPUT with .md and OUTPUT_STEM/{accuracy,reward}.png; returns the table."""
+    """Write OUTPUT (HTML), OUTPUT with .md and OUTPUT_STEM/{accuracy,reward,entropy_*}.png; returns the table."""
     from oarctl.artifacts import write_bytes_atomically
 
     target = DEFAULT_TARGET if target is None else target
