@@ -18,6 +18,8 @@ PROMPTS=${PROMPTS:-24}          # prompts per step (x 8 samples); one optimizer 
 HELDOUT=${HELDOUT:-1024}
 EVAL_EVERY=${EVAL_EVERY:-6}
 PARALLEL=${PARALLEL:-2}         # runs at a time, one torch thread each
+FIDELITY_SAMPLE=${FIDELITY_SAMPLE:-32}
+FIDELITY_METHODS=${FIDELITY_METHODS:-truth,mc_value,oar_p,oar_p_span,oar_g,entropy,random}
 OARCTL=${OARCTL:-oarctl}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 OUT STEPS PROMPTS HELDOUT EVAL_EVERY OARCTL
 mkdir -p "$OUT"
@@ -37,7 +39,8 @@ one_run() {  # METHOD SEED
   "$OARCTL" run -c configs/chains.yaml --run-dir "$OUT/$method-s$seed" --steps "$STEPS" \
     --set run.seed="$seed" --set run.progress=false --set run.eval_every="$EVAL_EVERY" \
     --set policy.threads=1 --set sample.prompts_per_step="$PROMPTS" \
-    --set update.mini_batch_size=$((PROMPTS * 8)) --set data.toy_heldout_size="$HELDOUT" \
+    --set update.mini_batch_size=$((PROMPTS * 8)) --set update.micro_batch_size=$((PROMPTS * 8 < 64 ? PROMPTS * 8 : 64)) \
+    --set data.toy_heldout_size="$HELDOUT" \
     --set evaluate.samples=1 --set "evaluate.pass_k=[1]" --set run.group="$method" "${extra[@]}" > "$OUT/$method-s$seed.log" 2>&1 \
     || { echo "$method seed $seed FAILED: $(tail -n 1 "$OUT/$method-s$seed.log")"; return 255; }
   echo "$(date +%T) $method seed $seed: $(tail -n 1 "$OUT/$method-s$seed.log")"
@@ -52,14 +55,14 @@ for seed in $SEEDS; do for method in $METHODS; do [ "$method" = uniform ] || ech
 
 runs=()
 for seed in $SEEDS; do for method in $METHODS; do runs+=("$OUT/$method-s$seed"); done; done
-"$OARCTL" compare "${runs[@]}" -o "$OUT/compare.html"
+"$OARCTL" compare "${runs[@]}" -o "$OUT/compare.html" --target 0.8
 
 # Fidelity on the last batch of the first seed's uniform run, scored by the policy that sampled it
 first=$(echo $SEEDS | cut -d' ' -f1)
 last=$(printf 'step_%04d' $((STEPS - 1))); previous=$(printf 'step_%04d' $((STEPS - 2)))
 "$OARCTL" fidelity "$OUT/uniform-s$first/$last/verified.parquet" -c configs/chains.yaml -o "$OUT/fidelity.parquet" \
-  --policy "$OUT/uniform-s$first/$previous/policy" --sample 32 \
-  --methods truth,mc_value,oar_p,oar_p_span,oar_g,entropy,random \
+  --policy "$OUT/uniform-s$first/$previous/policy" --sample "$FIDELITY_SAMPLE" \
+  --methods "$FIDELITY_METHODS" \
   --set fidelity.max_new_tokens=224 --set policy.threads=2
 
 python - "$OUT" $METHODS <<'EOF'
