@@ -1151,6 +1151,10 @@ def main(argv=None) -> int:
             print(f"  {line}")
         return 0
     paths = args.config or sorted(ROOT.glob("configs/qwen2.5-*/*.yaml"))
+    missing = [str(p) for p in paths if not Path(p).is_file()]
+    if missing:
+        print(f"error: --config {missing[0]}: file not found", file=sys.stderr)
+        return 2
     shape = SHAPES[args.shape] if args.shape else None
     settings = [load_setting(p.resolve(), shape, args, args.mixed_fraction, args.overrides) for p in paths]
     print("bench/scale.py: the arithmetic of one RL step; every GPU number below is PREDICTED (not run on a GPU)")

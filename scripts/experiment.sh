@@ -18,7 +18,7 @@ PROMPTS=${PROMPTS:-24}          # prompts per step (x 8 samples); one optimizer 
 HELDOUT=${HELDOUT:-1024}
 EVAL_EVERY=${EVAL_EVERY:-6}
 PARALLEL=${PARALLEL:-2}         # runs at a time, one torch thread each
-FIDELITY_SAMPLE=${FIDELITY_SAMPLE:-32}
+FIDELITY_SAMPLE=${FIDELITY_SAMPLE:-16}   # the oracle regenerates every reasoning token: ~30 s a rollout
 FIDELITY_METHODS=${FIDELITY_METHODS:-truth,mc_value,oar_p,oar_p_span,oar_g,entropy,random}
 OARCTL=${OARCTL:-oarctl}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 OUT STEPS PROMPTS HELDOUT EVAL_EVERY OARCTL
@@ -63,7 +63,7 @@ last=$(printf 'step_%04d' $((STEPS - 1))); previous=$(printf 'step_%04d' $((STEP
 "$OARCTL" fidelity "$OUT/uniform-s$first/$last/verified.parquet" -c configs/chains.yaml -o "$OUT/fidelity.parquet" \
   --policy "$OUT/uniform-s$first/$previous/policy" --sample "$FIDELITY_SAMPLE" \
   --methods "$FIDELITY_METHODS" \
-  --set fidelity.max_new_tokens=224 --set policy.threads=2
+  --set fidelity.max_new_tokens=224 --set policy.threads="$PARALLEL"
 
 python - "$OUT" $METHODS <<'EOF'
 # cost per step: the mean wall seconds of each stage over every run of a method (from the manifests)

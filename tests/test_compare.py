@@ -81,11 +81,16 @@ def test_paired_differences_to_grpo_with_a_t_interval_computed_by_hand(cli, tmp_
     runs.append(fake_run(tmp_path / "g9", "oar_g", 9, [0.3, 0.9], [0.1], 1.0))  # seed 9 has no uniform run
     result = cli("compare", *runs, "-o", tmp_path / "compare.html")
     assert result.exit_code == 0, result.output
-    rows = {line.split(" | ")[0].strip("| "): line for line in result.stdout.split("Paired difference")[1].splitlines()
-            if line.startswith("| ")}
+    greedy, sampled = result.stdout.split("Paired difference")[1:3]
+    rows = {line.split(" | ")[0].strip("| "): line for line in greedy.splitlines() if line.startswith("| ")}
     assert rows["truth"] == "| truth | 3 | +6.0 | [+1.0, +11.0] | 3/3 | yes |"
     assert rows["random"] == "| random | 3 | +0.0 | [-5.0, +5.0] | 1/3 | no |"
     assert "oar_g" not in rows and "uniform" not in rows
+    # sampled avg@4 is half the greedy accuracy in these runs: +2, +3, +4 -> mean 3, std 1, [+0.5, +5.5]
+    assert sampled.startswith(" to uniform (sampled avg@4,")
+    rows = {line.split(" | ")[0].strip("| "): line for line in sampled.splitlines() if line.startswith("| ")}
+    assert rows["truth"] == "| truth | 3 | +3.0 | [+0.5, +5.5] | 3/3 | yes |"
+    assert rows["random"] == "| random | 3 | +0.0 | [-2.5, +2.5] | 1/3 | no |"
     assert "Paired differences to uniform" in (tmp_path / "compare.html").read_text()
 
 

@@ -128,14 +128,16 @@ def t_975(degrees: int) -> float:
     return z + (z ** 3 + z) / (4 * degrees) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * degrees ** 2)
 
 
-def paired_differences(groups: dict[str, list[RunSummary]], baseline: str = BASELINE) -> list[dict]:
-    """Per method, greedy accuracy minus the baseline's at the same seed (same prompts, same base):
-    mean, 95% t-interval, pairs, and how many seeds the method won. Methods without 2 shared seeds
-    are left out (no interval)."""
-    reference = {r.seed: r.greedy for r in groups.get(baseline, [])}
+def paired_differences(groups: dict[str, list[RunSummary]], baseline: str = BASELINE,
+                       metric: str = "greedy") -> list[dict]:
+    """Per method, `metric` (greedy or sampled accuracy) minus the baseline's at the same seed (same
+    prompts, same base): mean, 95% t-interval, pairs, and how many seeds the method won. Methods
+    without 2 shared seeds are left out (no interval)."""
+    reference = {r.seed: getattr(r, metric) for r in groups.get(baseline, []) if getattr(r, metric) is not None}
     rows = []
     for method, runs in groups.items():
-        differences = [r.greedy - reference[r.seed] for r in runs if r.seed in reference]
+        differences = [getattr(r, metric) - reference[r.seed] for r in runs
+                       if r.seed in reference and getattr(r, metric) is not None]
         if method == baseline or len(differences) < 2:
             continue
         mean, spread = float(np.mean(differences)), float(np.std(differences, ddof=1))
@@ -146,16 +148,21 @@ def paired_differences(groups: dict[str, list[RunSummary]], baseline: str = BASE
 
 
 def paired_table(groups: dict[str, list[RunSummary]], baseline: str = BASELINE) -> str:
-    rows = paired_differences(groups, baseline)
-    if not rows:
-        return ""
-    lines = [f"\nPaired difference to {baseline} (greedy accuracy, points; same seed = same prompts and base):\n",
-             "| method | pairs | mean difference | 95% CI | seeds won | CI excludes 0 |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        excludes = "yes" if r["low"] > 0 or r["high"] < 0 else "no"
-        lines.append(f"| {r['method']} | {r['pairs']} | {100 * r['mean']:+.1f} | [{100 * r['low']:+.1f}, "
-                     f"{100 * r['high']:+.1f}] | {r['wins']}/{r['pairs']} | {excludes} |")
-    return "\n".join(lines) + "\n"
+    """The paired differences of greedy accuracy, then of sampled accuracy (avg@k) when runs have it."""
+    sampled = next((r.sampled_name for runs in groups.values() for r in runs if r.sampled_name), None)
+    blocks = []
+    for metric, name in (("greedy", "greedy accuracy"), ("sampled", f"sampled {sampled}")):
+        rows = paired_differences(groups, baseline, metric)
+        if not rows:
+            continue
+        lines = [f"\nPaired difference to {baseline} ({name}, points; same seed = same prompts and base):\n",
+                 "| method | pairs | mean difference | 95% CI | seeds won | CI excludes 0 |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            excludes = "yes" if r["low"] > 0 or r["high"] < 0 else "no"
+            lines.append(f"| {r['method']} | {r['pairs']} | {100 * r['mean']:+.1f} | [{100 * r['low']:+.1f}, "
+                         f"{100 * r['high']:+.1f}] | {r['wins']}/{r['pairs']} | {excludes} |")
+        blocks.append("\n".join(lines) + "\n")
+    return "".join(blocks)
 
 
 def _band(runs: list[RunSummary], series) -> tuple | None:
