@@ -18,10 +18,11 @@ PROMPTS=${PROMPTS:-24}          # prompts per step (x 8 samples); one optimizer 
 HELDOUT=${HELDOUT:-1024}
 EVAL_EVERY=${EVAL_EVERY:-6}
 PARALLEL=${PARALLEL:-2}         # runs at a time, one torch thread each
-FIDELITY_SAMPLE=${FIDELITY_SAMPLE:-16}   # the oracle regenerates every reasoning token: ~30 s a rollout
+FIDELITY_SAMPLE=${FIDELITY_SAMPLE:-32}   # the oracle regenerates every reasoning token: ~20 s a rollout
 FIDELITY_METHODS=${FIDELITY_METHODS:-truth,mc_value,oar_p,oar_p_span,oar_g,entropy,random}
 OARCTL=${OARCTL:-oarctl}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 OUT STEPS PROMPTS HELDOUT EVAL_EVERY OARCTL
+case " $METHODS " in *" uniform "*) ;; *) echo "METHODS must include uniform (the baseline of every pair)" >&2; exit 2 ;; esac
 mkdir -p "$OUT"
 
 one_run() {  # METHOD SEED
@@ -32,9 +33,12 @@ one_run() {  # METHOD SEED
     *) extra=(--set attribute.method="$method") ;;
   esac
   # The base policy's evaluation has the same cache key in every run of a seed (same policy, prompts,
-  # options and seed): take uniform's finished one instead of computing it again.
-  if [ "$method" != uniform ] && [ -f "$base/base.parquet.manifest.json" ] && [ ! -e "$OUT/$method-s$seed/eval" ]; then
-    mkdir -p "$OUT/$method-s$seed/eval" && cp "$base/base.parquet" "$base/base.parquet.manifest.json" "$OUT/$method-s$seed/eval/"
+  # options and seed): take uniform's (queued before) instead of computing it again.
+  if [ "$method" != uniform ] && [ ! -e "$OUT/$method-s$seed/eval" ]; then
+    for _ in $(seq 600); do [ -f "$base/base.parquet.manifest.json" ] && break; sleep 1; done
+    if [ -f "$base/base.parquet.manifest.json" ]; then
+      mkdir -p "$OUT/$method-s$seed/eval" && cp "$base/base.parquet" "$base/base.parquet.manifest.json" "$OUT/$method-s$seed/eval/"
+    fi
   fi
   "$OARCTL" run -c configs/chains.yaml --run-dir "$OUT/$method-s$seed" --steps "$STEPS" \
     --set run.seed="$seed" --set run.progress=false --set run.eval_every="$EVAL_EVERY" \
@@ -47,11 +51,17 @@ one_run() {  # METHOD SEED
 }
 export -f one_run
 
-# uniform of every seed first (its base evaluation is shared), then the others seed-major, so that
-# a partial experiment already holds whole pairs
-{ for seed in $SEEDS; do echo "uniform $seed"; done; } | xargs -P "$PARALLEL" -L 1 bash -c 'one_run "$0" "$1"'
-for seed in $SEEDS; do for method in $METHODS; do [ "$method" = uniform ] || echo "$method $seed"; done; done \
-  | xargs -P "$PARALLEL" -L 1 bash -c 'one_run "$0" "$1"'
+# seed-major, so that a partial experiment already holds whole pairs; each seed's uniform run is
+# queued a seed ahead, so that its base evaluation is there when the seed's other methods start
+jobs() {
+  local seeds=($SEEDS) i
+  echo "uniform ${seeds[0]}"
+  for i in "${!seeds[@]}"; do
+    [ -n "${seeds[i + 1]:-}" ] && echo "uniform ${seeds[i + 1]}"
+    for method in $METHODS; do [ "$method" = uniform ] || echo "$method ${seeds[i]}"; done
+  done
+}
+jobs | xargs -P "$PARALLEL" -L 1 bash -c 'one_run "$0" "$1"'
 
 runs=()
 for seed in $SEEDS; do for method in $METHODS; do runs+=("$OUT/$method-s$seed"); done; done
