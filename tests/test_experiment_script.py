@@ -16,7 +16,7 @@ def test_tiny_experiment_pairs_seeds_on_one_heldout_set(tmp_path):
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m oarctl.cli "$@"\n')
     wrapper.chmod(0o755)
     out = tmp_path / "exp"
-    env = {**os.environ, "OUT": str(out), "OARCTL": str(wrapper), "SEEDS": "0 1", "METHODS": "uniform truth",
+    env = {**os.environ, "OUT": str(out), "OARCTL": str(wrapper), "SEEDS": "0 1", "METHODS": "uniform truth", "CEILING_SEEDS": "",
            "STEPS": "2", "PROMPTS": "2", "HELDOUT": "8", "EVAL_EVERY": "0", "FIDELITY_SAMPLE": "2",
            "FIDELITY_METHODS": "truth,random", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     result = subprocess.run(["bash", str(REPO / "scripts" / "experiment.sh")], env=env, capture_output=True,
