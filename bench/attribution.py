@@ -39,7 +39,7 @@ import torch
 from oarctl.attribution import oar
 
 QWEN25_VOCAB = 151936
-DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "arithmetic.yaml"
 
 
 # ---- measurement ---------------------------------------------------------------------------------

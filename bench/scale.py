@@ -53,7 +53,9 @@ from bench import gpu_check  # noqa: E402  (its part long's knobs; imports no to
 
 GB = 1e9
 CONCLUDE_TOKENS, ANSWER_TOKENS, CLOSING_TOKENS = 4, 4, 2  # `\boxed{`, the answer, `}` + eos
-METHODS = ("uniform", "random", "entropy", "oar_p", "oar_p_span", "oar_p_screened", "oar_g")  # the registry
+METHODS = ("uniform", "random", "entropy", "oar_p", "oar_p_span", "oar_p_screened", "oar_g")  # the registry, but:
+# truth reads labels only the chains toy world has; mc_value (sampled continuations) is not modelled here
+NOT_MODELLED = ("truth", "mc_value")
 OAR_P_FAMILY = ("oar_p", "oar_p_span", "oar_p_screened")
 
 

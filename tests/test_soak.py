@@ -68,7 +68,7 @@ def step_folder_sizes(run_dir: Path) -> tuple[list[float], list[int]]:
 
 
 def soak_config(tmp_path: Path, steps: int) -> Path:
-    config = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    config = yaml.safe_load((REPO / "configs" / "arithmetic.yaml").read_text())
     config["run"].update(steps=steps, progress=False, eval_every=50)
     config["sample"]["prompts_per_step"] = 32   # a quarter of the demo batch: 256 responses a step
     config["update"]["mini_batch_size"] = 256
