@@ -91,7 +91,10 @@ def test_paired_differences_to_grpo_with_a_t_interval_computed_by_hand(cli, tmp_
     rows = {line.split(" | ")[0].strip("| "): line for line in sampled.splitlines() if line.startswith("| ")}
     assert rows["truth"] == "| truth | 3 | +3.0 | [+0.5, +5.5] | 3/3 | yes |"
     assert rows["random"] == "| random | 3 | +0.0 | [-2.5, +2.5] | 1/3 | no |"
-    assert "Paired differences to uniform" in (tmp_path / "compare.html").read_text()
+    page = (tmp_path / "compare.html").read_text()  # each paired table under its own title
+    assert "<h2>Paired difference to uniform (greedy accuracy," in page
+    assert "<h2>Paired difference to uniform (sampled avg@4," in page
+    assert page.count("<th>method</th>") == 3
 
 
 def test_t_quantiles_match_the_table_and_join_the_normal_limit():

@@ -5,10 +5,10 @@ Per run: attribute.method and run.seed from its config.yaml, accuracies from the
 metrics.jsonl, the first eval at or above the target accuracy, and wall time per step = the sum of
 the step's stage `wall_seconds` (from the `*.manifest.json` beside each step output; a cache hit
 keeps the time of the run that computed it), averaged over steps. Per method: mean +- std over
-seeds (sample std, 0 for one seed). With `uniform` (GRPO) runs present, a second table gives each
-method's paired difference to it: the same seed draws the same prompts and held-out set and starts
-from the same base, so greedy(method, seed) - greedy(uniform, seed) removes the seed-to-seed spread;
-mean and a 95% Student-t interval over the seeds. Writes a Markdown table and an HTML page with the overlaid
+seeds (sample std, 0 for one seed). With `uniform` (GRPO) runs present, two more tables give each
+method's paired difference to it, in greedy and in sampled accuracy: the same seed draws the same
+prompts and starts from the same base, so acc(method, seed) - acc(uniform, seed) removes the
+seed-to-seed spread; mean and a 95% Student-t interval over the seeds. Writes a Markdown table and an HTML page with the overlaid
 curves (mean over seeds, min-max band) embedded, plus the curves as PNGs beside the page.
 """
 from __future__ import annotations
@@ -147,22 +147,23 @@ def paired_differences(groups: dict[str, list[RunSummary]], baseline: str = BASE
     return rows
 
 
-def paired_table(groups: dict[str, list[RunSummary]], baseline: str = BASELINE) -> str:
-    """The paired differences of greedy accuracy, then of sampled accuracy (avg@k) when runs have it."""
+def paired_tables(groups: dict[str, list[RunSummary]], baseline: str = BASELINE) -> list[tuple[str, str]]:
+    """(title, Markdown table) of the paired differences of greedy accuracy, then of sampled accuracy
+    (avg@k) when runs have it."""
     sampled = next((r.sampled_name for runs in groups.values() for r in runs if r.sampled_name), None)
     blocks = []
     for metric, name in (("greedy", "greedy accuracy"), ("sampled", f"sampled {sampled}")):
         rows = paired_differences(groups, baseline, metric)
         if not rows:
             continue
-        lines = [f"\nPaired difference to {baseline} ({name}, points; same seed = same prompts and base):\n",
-                 "| method | pairs | mean difference | 95% CI | seeds won | CI excludes 0 |", "|---|---|---|---|---|---|"]
+        lines = ["| method | pairs | mean difference | 95% CI | seeds won | CI excludes 0 |", "|---|---|---|---|---|---|"]
         for r in rows:
             excludes = "yes" if r["low"] > 0 or r["high"] < 0 else "no"
             lines.append(f"| {r['method']} | {r['pairs']} | {100 * r['mean']:+.1f} | [{100 * r['low']:+.1f}, "
                          f"{100 * r['high']:+.1f}] | {r['wins']}/{r['pairs']} | {excludes} |")
-        blocks.append("\n".join(lines) + "\n")
-    return "".join(blocks)
+        title = f"Paired difference to {baseline} ({name}, points; same seed = same prompts and base)"
+        blocks.append((title, "\n".join(lines) + "\n"))
+    return blocks
 
 
 def _band(runs: list[RunSummary], series) -> tuple | None:
@@ -195,8 +196,7 @@ def curve_images(groups: dict[str, list[RunSummary]]) -> dict[str, bytes]:
 
 
 def _html_table(markdown: str) -> str:
-    rows = [line.strip("|").split(" | ") for line in markdown.strip().splitlines()
-            if line.startswith("|") and not line.startswith("|---")]
+    rows = [line.strip("|").split(" | ") for line in markdown.strip().splitlines() if not line.startswith("|---")]
     cells = lambda row, tag: "".join(f"<{tag}>{html.escape(c.strip())}</{tag}>" for c in row)  # noqa: E731
     return ("<table><tr>" + cells(rows[0], "th") + "</tr>"
             + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows[1:]) + "</table>")
@@ -210,8 +210,8 @@ def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None
     groups: dict[str, list[RunSummary]] = {}
     for summary in sorted((summarise(d, target) for d in run_dirs), key=lambda s: (s.method, s.seed)):
         groups.setdefault(summary.method, []).append(summary)
-    main, paired, images = markdown_table(groups, target), paired_table(groups), curve_images(groups)
-    table = main + paired
+    main, paired, images = markdown_table(groups, target), paired_tables(groups), curve_images(groups)
+    table = main + "".join(f"\n{title}:\n\n{block}" for title, block in paired)
     for name, png in images.items():
         write_bytes_atomically(output.parent / output.stem / f"{name}.png", png)
     write_bytes_atomically(output.with_suffix(".md"), table)
@@ -220,7 +220,7 @@ def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None
             "table{border-collapse:collapse}img{width:520px;margin:6px}"
     write_bytes_atomically(output, f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>oarctl compare</title>'
                                    f'<style>{style}</style></head><body><h1>Runs compared</h1>{_html_table(main)}'
-                                   f'{"<h2>Paired differences to " + BASELINE + "</h2>" + _html_table(paired) if paired else ""}'
-                                   f'<h2>Curves</h2>{figures}</body></html>')
+                                   + "".join(f"<h2>{html.escape(title)}</h2>{_html_table(block)}" for title, block in paired)
+                                   + f'<h2>Curves</h2>{figures}</body></html>')
     log(f"compare: {sum(len(r) for r in groups.values())} runs, {len(groups)} methods -> {output}")
     return table
