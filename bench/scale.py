@@ -979,7 +979,6 @@ def calibrate() -> list[str]:
 
 # ---- checkpoint I/O per step --------------------------------------------------------------------
 
-WEIGHT_FILE_BYTES = 2e9  # oarctl.checkpoints.WEIGHT_FILE_SIZE: the weights in files of at most 2 GB
 HASH_THREADS = 8  # oarctl.checkpoints.sha256_files: up to 8 files of one checkpoint hashed at once
 FILES_PER_RANK = 8  # oarctl.sharded_state.FILES_PER_RANK (not imported here: it would import torch)
 
@@ -992,12 +991,15 @@ def _hash_seconds(size: float, files: int, hash_bytes_per_s: float) -> float:
 def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: float) -> list[tuple[str, float, float]]:
     """(term, bytes, seconds) of the checkpoint traffic on one step's critical path, as the code is today.
 
-    Saved: weights W = P x bytes of update.save_dtype by the update's rank 0 (files of WEIGHT_FILE_BYTES,
-    hashed in threads), and AdamW O = 8P, plus the fp32 weights 4P when W is 16-bit: under FSDP each of the R ranks writes and hashes its own O/R at once (sharded_state, in
-    FILES_PER_RANK files), else rank 0 writes and hashes all of it. Loaded: every process that loads the
-    policy (each vLLM engine's in-place reload, each attribute rank, each update rank) verifies the weight
-    files it reads, once (processes in parallel); the first read comes from disk at `disk_gbps`, the
-    others from the page cache; the update ranks verify the AdamW files shared out (each file once in all).
+    Saved: weights W = P x bytes of update.save_dtype, in F files of update.weight_file_mb: under FSDP the
+    R ranks write and hash them in turn (file i by rank i mod R, so ceil(F/R) files each, hashed in
+    threads), else rank 0 writes all F; and AdamW O = 8P, plus the fp32 weights 4P when W is 16-bit: under
+    FSDP each of the R ranks writes and hashes its own O/R at once (sharded_state, in FILES_PER_RANK
+    files), else rank 0 writes and hashes all of it. Loaded: every process that loads the
+    policy verifies the weight files it reads once: the sampling process for its engines, and the
+    attribute and update ranks shared out (each file hashed by one rank, ceil(F/R) files each; the update
+    ranks the AdamW files too); the engines' first read comes from disk at `disk_gbps`, the others from
+    the page cache.
     The disk is taken as `disk_gbps` per writer: ranks writing at once are not slowed by each other (a
     parallel file system or a disk per GPU pair; a node with one disk for all is slower: see the note).
     The canary needs no copy of the model (its reference travels with the checkpoint) and the engines are
@@ -1007,7 +1009,7 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
     W, O = dtype_bytes(cfg.update.save_dtype) * P, 8 * P  # model.safetensors in update.save_dtype; AdamW fp32
     if cfg.update.save_dtype != "float32":
         O += 4 * P  # the fp32 weights travel with the AdamW state (sharded under FSDP)
-    weight_files = max(1, math.ceil(W / WEIGHT_FILE_BYTES))
+    weight_files = max(1, math.ceil(W / (cfg.update.weight_file_mb * 1e6)))
     disk, hashing = disk_gbps * GB, hash_gbps * GB
     engines = max(1, cfg.vllm.data_parallel_size) if cfg.policy.backend in ("vllm", "auto") else 1
     attribute_ranks = (_accelerate_processes(cfg.attribute.accelerate_config, hw.gpus)
@@ -1017,19 +1019,27 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
     writers = update_ranks if sharded else 1
     shard, shard_files = O / writers, FILES_PER_RANK if sharded else 1
     verify_weights = _hash_seconds(W, weight_files, hashing)
+    own_files = math.ceil(weight_files / writers)  # the most weight files one writer has
+    own_weights = own_files * W / weight_files
     state = "AdamW + fp32 weights" if cfg.update.save_dtype != "float32" else "AdamW"
     terms = [(f"{state}: {writers} rank(s) write their share at once", O, shard / disk),
              (f"{state}: each writer hashes its share", O, _hash_seconds(shard, shard_files, hashing)),
-             (f"weights ({cfg.update.save_dtype}): rank 0 writes them", W, W / disk),
-             (f"weights: rank 0 hashes them ({weight_files} files)", W, verify_weights),
+             (f"weights ({cfg.update.save_dtype}, {weight_files} files): {writers} rank(s) write them in turn", W,
+              own_weights / disk),
+             (f"weights: each writer hashes its files (up to {own_files})", W,
+              _hash_seconds(own_weights, own_files, hashing)),
              ("engines reload the weights in place (first read from disk)", engines * W, W / disk),
-             (f"{engines} engines verify what they read", engines * W, verify_weights)]
+             (f"the sampling process verifies them once for its {engines} engine(s)", W, verify_weights)]
+    def shared_out(ranks: int) -> float:  # ranks that all read the weights verify ceil(F / R) files each
+        files = math.ceil(weight_files / ranks)
+        return _hash_seconds(files * W / weight_files, files, hashing)
+
     if attribute_ranks:
-        terms.append((f"{attribute_ranks} attribute ranks load and verify the weights", attribute_ranks * W,
-                      verify_weights))
-    terms.append((f"{update_ranks} update ranks verify the weights and {state} ({'shared out' if sharded else 'rank 0'})",
-                  update_ranks * W + O, verify_weights + _hash_seconds(O / update_ranks if sharded else O,
-                                                                       shard_files, hashing)))
+        terms.append((f"{attribute_ranks} attribute ranks load the weights, verified shared out", W,
+                      shared_out(attribute_ranks)))
+    terms.append((f"{update_ranks} update ranks verify the weights (shared out) and {state} "
+                  f"({'shared out' if sharded else 'rank 0'})", W + O,
+                  shared_out(update_ranks) + _hash_seconds(O / update_ranks if sharded else O, shard_files, hashing)))
     return terms
 
 
@@ -1041,7 +1051,7 @@ def print_checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_g
     for name, size, seconds in terms:
         print(f"     {name:<66} {size / GB:8.1f} GB {seconds:8.1f} s")
     share = total / (total + step_seconds)
-    written = sum(size for name, size, _ in terms if name.endswith(("at once", "writes them")))
+    written = sum(size for name, size, _ in terms if name.endswith(("at once", "in turn")))
     one_disk = written / (disk_gbps * GB)
     print(f"     {'total':<66} {sum(b for _, b, _ in terms) / GB:8.1f} GB {total:8.1f} s = {share:.0%} of the step "
           f"({step_seconds:.1f} s of compute)")

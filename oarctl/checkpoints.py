@@ -8,7 +8,8 @@ A 7B checkpoint is ~90 GB, so hashing is paid once: a process remembers the dige
 hashed, keyed by the file's device, inode, size and modification time (a rename keeps all four, so a
 checkpoint saved into a temporary folder and moved into place is not hashed again; rewriting a file
 changes its mtime). The files of one checkpoint are hashed in parallel threads (hashlib releases
-the GIL). `HASHING` counts the bytes and seconds this process spent hashing, for the manifests.
+the GIL). `HASHING` counts the bytes and seconds this process spent verifying what it read, and
+`WRITE_HASHING` those it spent hashing what it wrote, for the manifests.
 """
 from __future__ import annotations
 
@@ -28,49 +29,52 @@ from safetensors.torch import load_file, save_file
 from oarctl.errors import OarError
 
 MANIFEST = "checkpoint.json"
-# weights in files of at most this size (transformers' default is 50GB: a 7B fp32 model in one file,
-# hashed by one thread); a small model stays one model.safetensors
-WEIGHT_FILE_SIZE = "2GB"
+WEIGHTS = "model.safetensors"  # the weights in one file, or with WEIGHTS_INDEX, in several (transformers' names)
+WEIGHTS_INDEX = "model.safetensors.index.json"
 OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_STATE = "optimizer.json"
 MASTER_WEIGHTS = "master.safetensors"  # fp32 weights training continues from, when model.safetensors is 16-bit
 SHARDED_OPTIMIZER = "optimizer"  # folder of AdamW shards, one file per FSDP rank (oarctl/sharded_state.py)
 
 
-HASHING = {"files": 0, "bytes": 0, "seconds": 0.0}  # this process's hashing so far
+HASHING = {"files": 0, "bytes": 0, "seconds": 0.0}  # this process's hashing of files it read, so far
+WRITE_HASHING = {"files": 0, "bytes": 0, "seconds": 0.0}  # ... and of files it had just written
 READING = {"bytes": 0, "seconds": 0.0}  # this process's checkpoint reads so far (weights, AdamW state)
 _DIGESTS: dict[tuple, str] = {}  # (device, inode, size, mtime_ns) -> sha256 hex
 _COUNTING = threading.Lock()  # files of one checkpoint are hashed in threads
 
 
-def _hash_bytes(path: Path) -> str:
+def _hash_bytes(path: Path) -> tuple[str, int, float]:
+    """(sha256 hex, bytes, seconds) of one file."""
     started, digest, size = time.perf_counter(), hashlib.sha256(), 0
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
             size += len(block)
-    with _COUNTING:
-        HASHING["files"] += 1
-        HASHING["bytes"] += size
-        HASHING["seconds"] += time.perf_counter() - started
-    return digest.hexdigest()
+    return digest.hexdigest(), size, time.perf_counter() - started
 
 
-def sha256_file(path: Path) -> str:
-    """The file's sha256, read from disk at most once per process while the file is unchanged."""
+def sha256_file(path: Path, tally: dict = HASHING) -> str:
+    """The file's sha256, read from disk at most once per process while the file is unchanged; the
+    bytes and seconds go to `tally` (HASHING when verifying a read, WRITE_HASHING after a write)."""
     status = os.stat(path)
     key = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
     if key not in _DIGESTS:
-        _DIGESTS[key] = _hash_bytes(path)
+        digest, size, seconds = _hash_bytes(path)
+        with _COUNTING:
+            tally["files"] += 1
+            tally["bytes"] += size
+            tally["seconds"] += seconds
+        _DIGESTS[key] = digest
     return _DIGESTS[key]
 
 
-def sha256_files(paths: list[Path]) -> list[str]:
+def sha256_files(paths: list[Path], tally: dict = HASHING) -> list[str]:
     """sha256_file of each path, the files hashed in parallel."""
     if len(paths) < 2:
-        return [sha256_file(p) for p in paths]
+        return [sha256_file(p, tally) for p in paths]
     with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
-        return list(pool.map(sha256_file, paths))
+        return list(pool.map(lambda path: sha256_file(path, tally), paths))
 
 
 def _file_hashes(directory: Path, known: dict[str, str] | None = None) -> dict[str, str]:
@@ -83,7 +87,7 @@ def _file_hashes(directory: Path, known: dict[str, str] | None = None) -> dict[s
     if missing:
         raise OarError(f"{directory}: files written by other ranks are missing: {missing}")
     unknown = [name for name in names if name not in known]
-    return {**known, **dict(zip(unknown, sha256_files([directory / n for n in unknown])))}
+    return {**known, **dict(zip(unknown, sha256_files([directory / n for n in unknown], WRITE_HASHING)))}
 
 
 def policy_identity(directory: str | Path) -> str:
@@ -134,9 +138,23 @@ def load_tokenizer(directory: str | Path):
         raise OarError(f"{directory}: cannot load the tokenizer ({str(error).splitlines()[0]})") from None
 
 
-def load_policy(directory: str | Path, device: str = "cpu", dtype: str = "float32"):
+def read_by_loaders(name: str) -> bool:
+    """The files of a checkpoint that load_policy reads (weights, configs, tokenizer), by recorded name."""
+    return not is_training_state(name) and name not in LOG_FILES
+
+
+def loaded_files(directory: Path) -> list[str]:
+    """The recorded names of the files load_policy reads ([] for a folder we did not write)."""
+    manifest = Path(directory) / MANIFEST
+    if not manifest.exists():
+        return []
+    return sorted(name for name in json.loads(manifest.read_text())["files"] if read_by_loaders(name))
+
+
+def load_policy(directory: str | Path, device: str = "cpu", dtype: str = "float32", verified: bool = False):
     """(model, tokenizer) from a model directory, weights from safetensors only, in `dtype` (float32 for
-    training; the attribute stage may take bfloat16, half the memory of a copy per rank)."""
+    training; the attribute stage may take bfloat16, half the memory of a copy per rank). `verified`: the
+    caller has checked the files against checkpoint.json already (ranks that share the hashing out)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
@@ -144,7 +162,8 @@ def load_policy(directory: str | Path, device: str = "cpu", dtype: str = "float3
 
     directory = Path(directory)
     policy_identity(directory)  # existence and safetensors checks
-    verify_checkpoint(directory, lambda name: not is_training_state(name) and name not in LOG_FILES)
+    if not verified:
+        verify_checkpoint(directory, read_by_loaders)
     started = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -286,11 +305,14 @@ def load_master(model, directory: Path, shards: bool = True) -> bool:
 
 
 def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_names=None, extra_files=(),
-                prewritten: dict[str, str] | None = None, save_dtype: str = "float32", master: bool = True) -> str:
+                prewritten: dict[str, str] | None = None, save_dtype: str = "float32", master: bool = True,
+                max_file_mb: float = 2000.0, weights_written: bool = False) -> str:
     """Write a complete checkpoint into `directory` (a temporary folder) and its hash manifest.
-    `prewritten`: {relative path: sha256} of files other processes already wrote there (FSDP shards).
+    `prewritten`: {relative path: sha256} of files other processes already wrote there (FSDP shards, and
+    with `weights_written` the weight files and their index: then only the configs are written here).
     `save_dtype` other than float32: model.safetensors in that dtype (the model is cast in place), and the
-    fp32 weights in master.safetensors unless `master` is False (FSDP ranks wrote them in their shards)."""
+    fp32 weights in master.safetensors unless `master` is False (FSDP ranks wrote them in their shards).
+    Weights go in files of at most `max_file_mb` (update.weight_file_mb), so loaders hash them in threads."""
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
@@ -299,7 +321,13 @@ def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_nam
         if master:
             save_master(model, directory)
         model.to(getattr(torch, save_dtype))
-    model.save_pretrained(directory, safe_serialization=True, max_shard_size=WEIGHT_FILE_SIZE)
+    if weights_written:  # as save_pretrained records them
+        model.config.dtype, model.config.architectures = save_dtype, [type(model).__name__]
+        model.config.save_pretrained(directory)
+        if model.can_generate():
+            model.generation_config.save_pretrained(directory)
+    else:
+        model.save_pretrained(directory, safe_serialization=True, max_shard_size=int(max_file_mb * 1e6))
     tokenizer.save_pretrained(directory)
     if optimizer is not None:
         save_optimizer(optimizer, parameter_names, directory)
@@ -308,6 +336,45 @@ def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_nam
     files = _file_hashes(directory, prewritten)
     (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
     return policy_identity(directory)
+
+
+def weight_file_plan(sizes: dict[str, int], max_file_mb: float) -> dict[str, list[str]]:
+    """{file name: tensor names}: the tensors in name order, a new file whenever the next one would take the
+    current file past `max_file_mb`; one file is model.safetensors, N are model-0000i-of-0000N.safetensors
+    (the names transformers gives, so every loader reads them through the index)."""
+    groups, size = [[]], 0
+    for name in sorted(sizes):
+        if groups[-1] and size + sizes[name] > max_file_mb * 1e6:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += sizes[name]
+    if len(groups) == 1:
+        return {WEIGHTS: groups[0]}
+    return {f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors": names for i, names in enumerate(groups)}
+
+
+def write_weight_files(state: dict, plan: dict[str, list[str]], files: list[str], directory: Path,
+                       dtype: str) -> dict:
+    """Write `files` of the plan from the full weights `state` in `dtype`, then hash them (in threads).
+    FSDP ranks each call it with their own files, at the same time. Returns {"digests": {file: sha256},
+    "io": bytes, write and hash seconds}, the form sharded_state.save_shards returns."""
+    started = time.perf_counter()
+    for name in files:
+        tensors = {key: state[key].detach().to("cpu", getattr(torch, dtype)).contiguous() for key in plan[name]}
+        save_file(tensors, directory / name, metadata={"format": "pt"})
+    hashing = time.perf_counter()
+    digests = dict(zip(files, sha256_files([directory / name for name in files], WRITE_HASHING)))
+    io = {"bytes": sum((directory / name).stat().st_size for name in files), "write_seconds": hashing - started,
+          "hash_seconds": time.perf_counter() - hashing}
+    return {"digests": digests, "io": io}
+
+
+def write_weight_index(plan: dict[str, list[str]], sizes: dict[str, int], directory: Path) -> None:
+    if len(plan) > 1:
+        weight_map = {key: name for name, keys in plan.items() for key in keys}
+        index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": dict(sorted(weight_map.items()))}
+        (directory / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2))
 
 
 def replace_directory(temporary: Path, final: Path) -> None:

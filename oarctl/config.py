@@ -160,6 +160,8 @@ class UpdateConfig:
     save_dtype: str = option("float32", "dtype of the checkpoint's model.safetensors, the weights engines, attribute "
                                         "and users read (bfloat16: half the bytes); the fp32 weights training "
                                         "continues from are then kept beside the AdamW state")
+    weight_file_mb: float = option(2000.0, "the checkpoint's weights go in files of at most this size (MB), so loaders "
+                                       "hash them in threads; under FSDP the ranks write the files in turn, at once")
     accelerate_config: str = option("", "accelerate config file: `oarctl run` starts each update with `accelerate "
                                         "launch --config_file FILE` (configs/accelerate/); empty: in the run's process")
 
@@ -371,6 +373,7 @@ def validate(config: Config) -> None:
     _check(config.evaluate.max_new_tokens >= 1, "evaluate.max_new_tokens must be >= 1")
     _check(config.update.sum_norm_length >= 1, "update.sum_norm_length must be >= 1")
     _check(config.update.micro_batch_tokens >= 0, "update.micro_batch_tokens must be >= 0 (0: off)")
+    _check(config.update.weight_file_mb > 0, "update.weight_file_mb must be > 0")
     _check(config.update.save_dtype in SAVE_DTYPES, f"update.save_dtype must be one of {', '.join(SAVE_DTYPES)}")
     _check(config.verify.timeout > 0, "verify.timeout must be > 0")
     _check(config.verify.workers >= 0, "verify.workers must be >= 0")

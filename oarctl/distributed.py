@@ -118,6 +118,23 @@ def raise_on_every_rank(problem: str | None, state) -> None:
         raise OarError(first)
 
 
+def verify_shared_out(directory, names: list[str], state) -> None:
+    """Every rank checks names[rank::ranks] of a checkpoint against its checkpoint.json, so each file is
+    hashed once over all the ranks that read them; a problem any rank finds is raised on every rank.
+    Call on every rank, before any of them uses the files."""
+    from pathlib import Path
+
+    from oarctl.checkpoints import verify_checkpoint
+
+    mine = set(names[rank(state)::world_size(state)])
+    try:
+        verify_checkpoint(Path(directory), lambda name: name in mine)
+        problem = None
+    except OarError as error:
+        problem = str(error)
+    raise_on_every_rank(problem, state)
+
+
 def gather_to_rank_zero(value, state) -> list | None:
     """[value of rank 0, value of rank 1, ...] on rank 0, None on the others (pickled Python objects:
     meant for results, e.g. scores, not for weights). Call on every rank."""

@@ -266,6 +266,22 @@ def _flatten(prefix: str, metrics: dict) -> dict:
     return {f"{prefix}/{key}": value for key, value in metrics.items() if isinstance(value, (int, float))}
 
 
+def _recorded_metrics(run_dir: Path) -> list[dict]:
+    """The lines a previous invocation left in metrics.jsonl ([] if none or unreadable)."""
+    try:
+        return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def _replaying(lines: list[dict], recorded: list[dict]) -> bool:
+    """True while a resumed run is still re-deriving lines the file already holds further: writing
+    them would shrink metrics.jsonl to an earlier step, and a reader (status, compare) would see the
+    base evaluation as the last one."""
+    key = lambda x: (x.get("kind"), x.get("step"), x.get("after_steps"))  # noqa: E731
+    return len(lines) < len(recorded) and [key(x) for x in lines] == [key(x) for x in recorded[:len(lines)]]
+
+
 def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
     """The whole loop, resumable: every finished stage is a cache hit on the next invocation."""
     for name in _launched_stages(config):  # a bad launcher file is an error now, not after sampling
@@ -275,6 +291,7 @@ def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
     lines = [{"kind": "eval", "after_steps": 0,
               **_flatten("eval", _evaluate(config, data["eval"], base, run_dir / "eval" / "base.parquet", force, log))}]
     policy, steps = base, config.run.steps
+    recorded = _recorded_metrics(run_dir)
     sinks = MetricsSinks(config.logging, run_dir)  # TensorBoard / W&B beside metrics.jsonl, as configured
     for step in range(steps):
         metrics = _run_step(config, run_dir, step, data["train"], policy, force, log)
@@ -288,7 +305,8 @@ def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
             output = run_dir / "eval" / f"step_{step:04d}.parquet"
             lines.append({"kind": "eval", "after_steps": step + 1,
                           **_flatten("eval", _evaluate(config, data["eval"], policy, output, force, log))})
-        write_bytes_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
+        if not _replaying(lines, recorded):
+            write_bytes_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
         sinks.send(lines)
         _prune(run_dir, step, config)
     write_bytes_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
-from oarctl.checkpoints import (HASHING, READING, load_policy, load_tokenizer, policy_identity, replace_directory,
-                                save_policy, sha256_file)
+from oarctl.checkpoints import (HASHING, READING, WRITE_HASHING, load_policy, load_tokenizer, policy_identity,
+                                replace_directory, save_policy, sha256_file)
 from oarctl.errors import InputError, OarError
 from oarctl.policy.canary import write_reference
 
@@ -32,6 +32,7 @@ class Policy:
     backend: str = "transformers"  # concrete generation backend (oarctl.policy.backends), never "auto"
     vllm: dict | None = None  # the vllm config section, for backend "vllm"
     dtype: str = "float32"  # of the transformers weights `load` gives (attribute.dtype for attribute)
+    verified: bool = False  # its files were checked against checkpoint.json already (ranks sharing that out)
     _loaded: tuple | None = None
 
     @property
@@ -40,7 +41,7 @@ class Policy:
 
     def load(self):
         if self._loaded is None:
-            self._loaded = load_policy(self.path, self.device, self.dtype)
+            self._loaded = load_policy(self.path, self.device, self.dtype, verified=self.verified)
         return self._loaded
 
     def load_tokenizer(self):
@@ -70,6 +71,8 @@ class Trained:
     io: dict = field(default_factory=dict)  # the ranks' I/O of those files, for the manifest
     save_dtype: str = "float32"  # of model.safetensors (update.save_dtype)
     master_in_shards: bool = False  # the fp32 weights are in the ranks' shards, not master.safetensors
+    weights_written: bool = False  # the ranks wrote the weight files (FSDP): the runner writes the configs only
+    weight_file_mb: float = 2000.0  # update.weight_file_mb
 
 
 @dataclass
@@ -188,15 +191,17 @@ def _write_outputs(stage, result: StageOutput, output: Path) -> tuple[str, dict]
         return sha256_file(output), {}
     trained = result.trained
     temporary = temporary_sibling(output)  # FSDP ranks may have written their AdamW shards there already
-    hashed, started = dict(HASHING), time.perf_counter()
+    hashed, started = dict(WRITE_HASHING), time.perf_counter()
     identity = save_policy(trained.model, trained.tokenizer, temporary, trained.optimizer, trained.names,
                            extra_files=[lambda d: write_parquet(result.table, d / "update.parquet"),
                                         lambda d: write_reference(trained.model, trained.tokenizer, d)],  # vLLM canary's
                            prewritten=trained.prewritten, save_dtype=trained.save_dtype,
-                           master=not trained.master_in_shards)
+                           master=not trained.master_in_shards, max_file_mb=trained.weight_file_mb,
+                           weights_written=trained.weights_written)
     io = {"checkpoint_bytes_written": _folder_bytes(temporary),
-          "checkpoint_bytes_hashed": HASHING["bytes"] - hashed["bytes"] + trained.io.get("optimizer_shard_bytes", 0),
-          "checkpoint_hash_seconds": round(HASHING["seconds"] - hashed["seconds"], 3), **trained.io}
+          "checkpoint_bytes_hashed": WRITE_HASHING["bytes"] - hashed["bytes"]  # + what the ranks wrote and hashed
+          + trained.io.get("optimizer_shard_bytes", 0) + trained.io.get("weight_file_bytes", 0),
+          "checkpoint_hash_seconds": round(WRITE_HASHING["seconds"] - hashed["seconds"], 3), **trained.io}
     io["checkpoint_write_seconds"] = round(time.perf_counter() - started - io["checkpoint_hash_seconds"], 3)
     replace_directory(temporary, output)
     return identity, io

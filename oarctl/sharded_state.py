@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from oarctl.checkpoints import OPTIMIZER_STATE, SHARDED_OPTIMIZER, count_read, sha256_files, verify_checkpoint
+from oarctl.checkpoints import (OPTIMIZER_STATE, SHARDED_OPTIMIZER, WRITE_HASHING, count_read, sha256_files,
+                                verify_checkpoint)
 from oarctl.errors import OarError
 
 SCALAR_KEYS = ("step",)  # AdamW's per-parameter scalars: in optimizer.json, not in the shards
@@ -82,7 +83,7 @@ def save_shards(model, optimizer, checkpoint: Path, rank: int, with_master: bool
     save(moments, storage_writer=writer)
     written = sorted(folder.glob(f"shard-{rank + 1:05d}-*.safetensors"))  # DCP numbers the ranks' files from 1
     hashing = time.perf_counter()
-    digests = dict(zip((f"{SHARDED_OPTIMIZER}/{p.name}" for p in written), sha256_files(written)))
+    digests = dict(zip((f"{SHARDED_OPTIMIZER}/{p.name}" for p in written), sha256_files(written, WRITE_HASHING)))
     io = {"bytes": sum(p.stat().st_size for p in written), "write_seconds": hashing - started,
           "hash_seconds": time.perf_counter() - hashing}
     return {"digests": digests, "io": io}, scalars(state)
@@ -184,19 +185,9 @@ def _set_sharded_weights(model, weights: dict) -> None:
     set_model_state_dict(model, loaded, options=StateDictOptions(full_state_dict=False, strict=False))
 
 
-def verify_shared_out(checkpoint: Path, names: list[str], rank: int, ranks: int) -> str | None:
-    """Verify files names[rank::ranks] (each file once over all ranks); the first problem, or None."""
-    mine = set(names[rank::ranks])
-    try:
-        verify_checkpoint(checkpoint, lambda name: name in mine)
-    except OarError as error:
-        return str(error)
-    return None
-
-
 def load_shards(model, optimizer, checkpoint: Path, step_scalars: dict) -> None:
     """Fill this rank's FSDP optimizer shards from checkpoint/optimizer/, whatever rank count wrote it
-    (call on every rank, after `prepare`). The files were verified before (verify_shared_out)."""
+    (call on every rank, after `prepare`). The files were verified before (distributed.verify_shared_out)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     state = _sharded_optimizer_state(model, optimizer)  # initialises AdamW's state: the shapes to fill

@@ -6,8 +6,8 @@
 #   scripts/experiment.sh                      # ~90 min on 2 cores; resumable: rerun it after a kill
 #   SEEDS="0 1" METHODS="uniform truth" CEILING_SEEDS= STEPS=4 scripts/experiment.sh    # a smaller one
 # Writes OUT/<method>-s<seed>/ (one oarctl run each), OUT/compare.{md,html} (table, paired differences
-# to uniform with 95% intervals, accuracy/reward/entropy curves), OUT/fidelity.* (every method
-# against the truth labels and the regeneration oracle on one batch of rollouts), OUT/cost.md.
+# to uniform with 95% intervals, seconds per step by stage, accuracy/reward/entropy curves), and
+# OUT/fidelity.* (every method against the truth labels and the regeneration oracle on one batch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/experiment}
@@ -79,19 +79,3 @@ last=$(printf 'step_%04d' $((STEPS - 1))); previous=$(printf 'step_%04d' $((STEP
   --policy "$OUT/uniform-s$first/$previous/policy" --sample "$FIDELITY_SAMPLE" \
   --methods "$FIDELITY_METHODS" \
   --set fidelity.max_new_tokens=224 --set policy.threads="$PARALLEL"
-
-python - "$OUT" $METHODS <<'EOF'
-# cost per step: the mean wall seconds of each stage over every run of a method (from the manifests)
-import json, pathlib, sys, statistics
-out, methods = pathlib.Path(sys.argv[1]), sys.argv[2:]
-stages = ("rollouts", "verified", "attributions", "advantages", "policy")
-lines = ["| method | " + " | ".join(stages) + " | step total |", "|---" * (len(stages) + 2) + "|"]
-for method in methods:
-    per = {s: [json.loads(p.read_text())["wall_seconds"] for p in out.glob(f"{method}-s*/step_*/{s}*.manifest.json")]
-           for s in stages}
-    means = {s: statistics.mean(v) if v else float("nan") for s, v in per.items()}
-    lines.append(f"| {method} | " + " | ".join(f"{means[s]:.1f}" for s in stages) + f" | {sum(means.values()):.1f} |")
-text = "Seconds per step by stage (measured, mean over steps and seeds, one torch thread, two runs at a time)\n\n"
-(out / "cost.md").write_text(text + "\n".join(lines) + "\n")
-print(text + "\n".join(lines))
-EOF

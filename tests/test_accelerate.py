@@ -239,6 +239,49 @@ def test_a_bfloat16_checkpoint_continues_from_its_fp32_weights(first_update, bat
         assert end.keys() == continued.keys() and difference < 1e-6
 
 
+def test_fsdp_ranks_write_the_weight_files_in_turn(batch, tiny_policy, tmp_path):
+    """update.weight_file_mb 0.03 cuts the tiny policy's bf16 weights into several files: file i is
+    written (and hashed) by rank i mod 2, so a rank that wrote nothing leaves files missing. Every file
+    and the index are in checkpoint.json, the manifest counts their bytes, and transformers loads the
+    checkpoint through the index to the weights one plain process saves (within one bf16 rounding).
+    The next update's ranks verify what they read shared out, each file hashed by one rank."""
+    from oarctl.checkpoints import WEIGHTS_INDEX, load_policy
+
+    document = yaml.safe_load(batch["config"].read_text())
+    document["update"] = {**document["update"], "save_dtype": "bfloat16", "weight_file_mb": 0.03}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(document))
+    small = {**batch, "config": tmp_path / "config.yaml"}
+    launched = _launch_update(small, tiny_policy, tmp_path / "fsdp", "cpu-fsdp-2proc")
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    _update(small, tiny_policy, tmp_path / "plain")
+
+    files = sorted(p.name for p in (tmp_path / "fsdp").glob("model-*.safetensors"))
+    index = json.loads((tmp_path / "fsdp" / WEIGHTS_INDEX).read_text())
+    assert len(files) >= 2 and sorted(set(index["weight_map"].values())) == files  # both ranks wrote
+    recorded = json.loads((tmp_path / "fsdp" / "checkpoint.json").read_text())["files"]
+    assert {*files, WEIGHTS_INDEX} <= recorded.keys()
+    manifest = json.loads((tmp_path / "fsdp.manifest.json").read_text())["metrics"]
+    assert manifest["weight_file_bytes"] == sum((tmp_path / "fsdp" / name).stat().st_size for name in files)
+    assert json.loads((tmp_path / "fsdp" / "config.json").read_text())["dtype"] == "bfloat16"
+    written = load_policy(tmp_path / "fsdp", dtype="bfloat16")[0].state_dict()
+    expected = load_policy(tmp_path / "plain", dtype="bfloat16")[0].state_dict()
+    assert written.keys() == expected.keys() and {t.dtype for t in written.values()} == {torch.bfloat16}
+    for name, tensor in expected.items():
+        torch.testing.assert_close(written[name].float(), tensor.float(), rtol=8e-3, atol=1e-6)
+
+    # the next update's ranks share the hashing out: rank 0 (whose I/O the manifest holds) verifies
+    # every other file of what all ranks read, and every other file of the AdamW state
+    from oarctl.checkpoints import loaded_files
+    from oarctl.sharded_state import shard_files
+
+    launched = _launch_update(small, tmp_path / "fsdp", tmp_path / "next", "cpu-fsdp-2proc")
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    read, state = loaded_files(tmp_path / "fsdp"), [*shard_files(tmp_path / "fsdp"), "optimizer.json"]
+    size = lambda names: sum((tmp_path / "fsdp" / name).stat().st_size for name in names)  # noqa: E731
+    verified = json.loads((tmp_path / "next.manifest.json").read_text())["metrics"]["checkpoint_bytes_verified"]
+    assert verified == size(read[0::2]) + size(state[0::2]) < 0.6 * size(read + state)
+
+
 def _fsdp_master(policy: Path) -> dict:
     """The fp32 weights FSDP's ranks wrote in their shards, read whole."""
     from oarctl.checkpoints import _read_master
@@ -360,10 +403,11 @@ def test_a_bad_optimizer_state_is_refused_in_one_line(first_update, batch, tmp_p
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("damage, launcher", [("modified", None), ("missing", None), ("modified", "cpu-fsdp-2proc")])
+@pytest.mark.parametrize("damage, launcher", [("modified", None), ("missing", None), ("modified", "cpu-fsdp-2proc"),
+                                              ("step counts", "cpu-fsdp-2proc")])
 def test_a_damaged_adamw_shard_is_refused_in_one_line(first_update, batch, tmp_path, damage, launcher):
     """The shards are verified against checkpoint.json before any training, by one process or shared out
-    over FSDP's ranks (the rank that finds it tells the others)."""
+    over FSDP's ranks (the rank that finds it tells the others); so are optimizer.json's step counts."""
     from typer.testing import CliRunner
 
     from oarctl.cli import app
@@ -371,13 +415,16 @@ def test_a_damaged_adamw_shard_is_refused_in_one_line(first_update, batch, tmp_p
     policy = tmp_path / "policy"
     shutil.copytree(first_update("cpu-fsdp-2proc")[0], policy)
     shard = sorted((policy / "optimizer").iterdir())[-1]  # one of rank 1's
-    if damage == "modified":
+    if damage == "step counts":  # still valid: {"PARAMETER::step": number}, one step later
+        shard = policy / "optimizer.json"
+        shard.write_text(json.dumps({name: step + 1 for name, step in json.loads(shard.read_text()).items()}))
+    elif damage == "modified":
         data = bytearray(shard.read_bytes())
         data[-1] ^= 1
         shard.write_bytes(bytes(data))
     else:
         shard.unlink()
-    message = "does not match its recorded hash" if damage == "modified" else "is missing"
+    message = "is missing" if damage == "missing" else "does not match its recorded hash"
     if launcher is None:
         result = CliRunner().invoke(app, ["update", str(batch["advantages"]), "-o", str(tmp_path / "out"),
                                           "--policy", str(policy), "-c", str(batch["config"])])

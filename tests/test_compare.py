@@ -35,7 +35,8 @@ def test_compare_groups_methods_and_aggregates_seeds(cli, tmp_path):
     output = tmp_path / "out" / "compare.html"
     result = cli("compare", *runs, "-o", output, "--target", 0.45)
     assert result.exit_code == 0, result.output
-    rows = {line.split(" | ")[0].strip("| "): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    main = result.stdout.split("\n\n")[0]
+    rows = {line.split(" | ")[0].strip("| "): line for line in main.splitlines() if line.startswith("| ")}
     assert rows["uniform"] == "| uniform | 2 | 0,1 | 45.0 ± 1.4% | 22.5 ± 0.7% | 4 (1/2 seeds) | 4.50 |"
     assert rows["oar_p"] == "| oar_p | 1 | 0 | 50.0 ± 0.0% | 25.0 ± 0.0% | 2 (1/1 seeds) | 9.00 |"
     assert "steps to 45%" in rows["method"]
@@ -81,7 +82,7 @@ def test_paired_differences_to_grpo_with_a_t_interval_computed_by_hand(cli, tmp_
     runs.append(fake_run(tmp_path / "g9", "oar_g", 9, [0.3, 0.9], [0.1], 1.0))  # seed 9 has no uniform run
     result = cli("compare", *runs, "-o", tmp_path / "compare.html")
     assert result.exit_code == 0, result.output
-    greedy, sampled = result.stdout.split("Paired difference")[1:3]
+    greedy, sampled = result.stdout.split("Seconds per step")[0].split("Paired difference")[1:3]
     rows = {line.split(" | ")[0].strip("| "): line for line in greedy.splitlines() if line.startswith("| ")}
     assert rows["truth"] == "| truth | 3 | +6.0 | [+1.0, +11.0] | 3/3 | yes |"
     assert rows["random"] == "| random | 3 | +0.0 | [-5.0, +5.0] | 1/3 | no |"
@@ -94,7 +95,27 @@ def test_paired_differences_to_grpo_with_a_t_interval_computed_by_hand(cli, tmp_
     page = (tmp_path / "compare.html").read_text()  # each paired table under its own title
     assert "<h2>Paired difference to uniform (greedy accuracy," in page
     assert "<h2>Paired difference to uniform (sampled avg@4," in page
-    assert page.count("<th>method</th>") == 3
+    assert page.count("<th>method</th>") == 4  # the main table, 2 paired tables, seconds by stage
+
+
+def test_on_policy_accuracy_is_paired_over_the_steps_after_the_first(cli, tmp_path):
+    """Training rewards per step; step 0 (the base) is left out of the mean. uniform: (0.3+0.4)/2,
+    (0.4+0.4)/2, (0.3+0.5)/2 = 0.35, 0.40, 0.40; truth: 0.45, 0.50, 0.55. Differences +10, +10, +15
+    points: mean 11.67, sample std 2.887, half-width 4.303 * 2.887 / sqrt(3) = 7.17 -> [+4.5, +18.8].
+    A step-0 reward that differs (0.9) must change nothing."""
+    runs = []
+    for seed, (uniform, truth) in enumerate([([0.2, 0.3, 0.4], [0.9, 0.4, 0.5]), ([0.2, 0.4, 0.4], [0.2, 0.5, 0.5]),
+                                              ([0.2, 0.3, 0.5], [0.2, 0.5, 0.6])]):
+        runs += [fake_run(tmp_path / f"u{seed}", "uniform", seed, [0.3, 0.5], uniform, 3.0),
+                 fake_run(tmp_path / f"t{seed}", "truth", seed, [0.3, 0.5], truth, 6.0)]
+    result = cli("compare", *runs, "-o", tmp_path / "compare.html")
+    assert result.exit_code == 0, result.output
+    on_policy = result.stdout.split("Paired difference to uniform (on-policy accuracy")[1]
+    assert "| truth | 3 | +11.7 | [+4.5, +18.8] | 3/3 | yes |" in on_policy.split("Seconds per step")[0]
+    # fake_run gives each step 3 stage manifests of seconds / 3: sample, reshape and update
+    stages = result.stdout.split("Seconds per step by stage")[1]
+    assert "| method | sample | reshape | update | step total |" in stages
+    assert "| truth | 2.0 | 2.0 | 2.0 | 6.0 |" in stages and "| uniform | 1.0 | 1.0 | 1.0 | 3.0 |" in stages
 
 
 def test_t_quantiles_match_the_table_and_join_the_normal_limit():

@@ -397,3 +397,18 @@ def test_update_logprobs_equal_sampling_logprobs(tmp_path, tiny_policy, random_p
     assert len(log) == 1
     assert log[0]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert log[0]["clip_fraction"] == 0.0
+
+
+def test_a_resumed_run_never_shows_a_shorter_metrics_file(cli, tiny_config, tmp_path):
+    """Resuming re-derives every finished step from the cache; meanwhile metrics.jsonl must keep all
+    its lines, or `oarctl compare` reading it then takes the base evaluation for the final one."""
+    from oarctl.pipeline import run_loop
+
+    config = tiny_config(signal=True, run={"steps": 3, "progress": False, "eval_every": 1})
+    run_dir = tmp_path / "R"
+    assert cli("run", "-c", config, "--run-dir", run_dir).exit_code == 0
+    count = lambda: len((run_dir / "metrics.jsonl").read_text().splitlines())  # noqa: E731
+    full, seen = count(), []
+    run_loop(load_config(config), run_dir, log=lambda *_, **__: seen.append(count()))
+    assert full == 7 and len(seen) >= 3 and set(seen) == {7}  # base eval + 3 x (step, eval)
+    assert count() == 7

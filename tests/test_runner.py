@@ -376,14 +376,25 @@ def test_a_process_verifies_what_it_reads(settings, rollouts, tmp_path, tiny_pol
                   log=quiet)
 
 
-def test_large_weights_are_saved_in_several_files_that_load_back(tiny_policy, tmp_path, monkeypatch):
-    """checkpoints.WEIGHT_FILE_SIZE splits the weights (a 7B fp32 model: 8 files, hashed in 8 threads);
-    every file is recorded and the model loads back whole."""
+def test_weight_file_plan_fills_files_in_name_order():
+    """80-byte files: a (40) + b (30) fit; c (50) would pass 80, so it starts file 2 with d (10); e (200)
+    is over the limit alone and gets its own file. Under 1 MB all is one model.safetensors."""
+    from oarctl.checkpoints import weight_file_plan
+
+    sizes = {"d": 10, "b": 30, "e": 200, "a": 40, "c": 50}
+    assert weight_file_plan(sizes, 80e-6) == {"model-00001-of-00003.safetensors": ["a", "b"],
+                                              "model-00002-of-00003.safetensors": ["c", "d"],
+                                              "model-00003-of-00003.safetensors": ["e"]}
+    assert weight_file_plan(sizes, 1) == {"model.safetensors": ["a", "b", "c", "d", "e"]}
+
+
+def test_large_weights_are_saved_in_several_files_that_load_back(tiny_policy, tmp_path):
+    """update.weight_file_mb splits the weights (a 7B fp32 model at 2,000 MB: 16 files, hashed in 8
+    threads); every file is recorded and the model loads back whole."""
     from oarctl import checkpoints
 
     model, tokenizer = checkpoints.load_policy(tiny_policy)
-    monkeypatch.setattr(checkpoints, "WEIGHT_FILE_SIZE", "30KB")  # the test policy is ~100 KB in fp32
-    checkpoints.save_policy(model, tokenizer, tmp_path / "policy")
+    checkpoints.save_policy(model, tokenizer, tmp_path / "policy", max_file_mb=0.03)  # the policy: ~100 KB in fp32
     files = sorted(p.name for p in (tmp_path / "policy").glob("model-*.safetensors"))
     recorded = json.loads((tmp_path / "policy" / "checkpoint.json").read_text())["files"]
     assert len(files) >= 3 and set(files) <= recorded.keys()

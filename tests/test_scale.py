@@ -169,10 +169,9 @@ def test_a_gpu_check_log_is_read_and_set_beside_the_prediction(tmp_path):
 
 
 def test_checkpoint_io_counts_every_loading_process():
-    from oarctl import checkpoints, sharded_state
+    from oarctl import sharded_state
 
-    assert (scale.FILES_PER_RANK, scale.WEIGHT_FILE_BYTES) == (sharded_state.FILES_PER_RANK, 2e9)
-    assert checkpoints.WEIGHT_FILE_SIZE == "2GB"
+    assert scale.FILES_PER_RANK == sharded_state.FILES_PER_RANK
     setting = _setting("configs/qwen2.5-7b/oar-g.yaml")  # FSDP over 8 ranks, model.safetensors in bfloat16
     P = scale.parameters(setting.shape)
     terms = {name: (size, seconds) for name, size, seconds in scale.checkpoint_io(setting, HW, 3.0, 1.0)}
@@ -180,9 +179,14 @@ def test_checkpoint_io_counts_every_loading_process():
     assert terms["AdamW + fp32 weights: 8 rank(s) write their share at once"] == (
         state, pytest.approx(state / 8 / (3.0 * scale.GB)))
     assert terms["AdamW + fp32 weights: each writer hashes its share"][1] == pytest.approx(state / 8 / (8 * scale.GB))
-    files = math.ceil(2 * P / 2e9)
-    assert terms["weights (bfloat16): rank 0 writes them"] == (2 * P, pytest.approx(2 * P / (3.0 * scale.GB)))
-    assert terms[f"weights: rank 0 hashes them ({files} files)"][1] == pytest.approx(2 * P / (min(8, files) * scale.GB))
-    assert terms["8 attribute ranks load and verify the weights"][0] == 8 * 2 * P  # each rank hashes them once
+    size = setting.config.update.weight_file_mb * 1e6
+    files = math.ceil(2 * P / size)  # 31 files of 500 MB: the 8 ranks write and hash 4 each, at once
+    assert (files, math.ceil(files / 8)) == (31, 4)
+    assert terms["weights (bfloat16, 31 files): 8 rank(s) write them in turn"] == (
+        2 * P, pytest.approx(4 * 2 * P / files / (3.0 * scale.GB)))
+    assert terms["weights: each writer hashes its files (up to 4)"][1] == pytest.approx(4 * 2 * P / files / (4 * scale.GB))
+    # the attribute ranks share the hashing out: 4 of the 31 files each, hashed in 4 threads
+    assert terms["8 attribute ranks load the weights, verified shared out"] == (
+        2 * P, pytest.approx(4 * 2 * P / files / (4 * scale.GB)))
     uniform = _setting("configs/qwen2.5-7b/grpo.yaml")
     assert not any("attribute" in name for name, _, _ in scale.checkpoint_io(uniform, HW, 3.0, 1.0))

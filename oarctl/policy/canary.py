@@ -155,10 +155,10 @@ def _verified_checkpoint_reference(directory: Path) -> dict:
 def _read_by_engines(name: str) -> bool:
     """What an engine reads of a checkpoint (vllm_backend.weights_folder leaves out any safetensors file
     that is not the model's), plus canary.json; not the AdamW state or the update log."""
-    from oarctl.checkpoints import LOG_FILES, is_training_state
+    from oarctl.checkpoints import read_by_loaders
 
     optimizer = name.endswith(".safetensors") and not name.startswith("model")
-    return not optimizer and not is_training_state(name) and name not in LOG_FILES
+    return not optimizer and read_by_loaders(name)
 
 
 def reference_for(policy) -> dict:

@@ -8,8 +8,13 @@ keeps the time of the run that computed it), averaged over steps. Per method: me
 seeds (sample std, 0 for one seed). With `uniform` (GRPO) runs present, two more tables give each
 method's paired difference to it, in greedy and in sampled accuracy: the same seed draws the same
 prompts and starts from the same base, so acc(method, seed) - acc(uniform, seed) removes the
-seed-to-seed spread; mean and a 95% Student-t interval over the seeds. Writes a Markdown table and an HTML page with the overlaid
-curves (mean over seeds, min-max band) embedded, plus the curves as PNGs beside the page.
+seed-to-seed spread; mean and a 95% Student-t interval over the seeds. A third paired table takes
+the on-policy accuracy: the mean training reward over steps 1.. (a step's reward is the sampled
+accuracy of that step's policy on its prompts, which are fresh until the training set's first epoch
+ends; step 0 is the base, the same for every method of a seed), a measure of learning speed with far
+less seed noise than one final evaluation. Last, the seconds per step split by stage. Writes a
+Markdown table and an HTML page with the overlaid curves (mean over seeds, min-max band) embedded,
+plus the curves as PNGs beside the page.
 """
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ from oarctl.report.run_report import _data_uri, eval_series, read_metrics, sampl
 
 DEFAULT_TARGET = 0.45  # held-out greedy accuracy for "steps to target" (the demo's trained level)
 BASELINE = "uniform"  # plain GRPO: the paired differences are taken to it
+# the stage outputs of a step folder, in pipeline order, by the name of their manifest
+STAGE_OUTPUTS = {"sample": "rollouts", "verify": "verified", "attribute": "attributions", "reshape": "advantages",
+                 "update": "policy"}
 # Student t 0.975 quantiles for 1..30 degrees of freedom (standard tables), for 95% intervals
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
@@ -42,6 +50,8 @@ class RunSummary:
     sampled_name: str | None
     steps_to_target: int | None
     seconds_per_step: float | None
+    on_policy: float | None = None  # mean training reward over steps >= 1
+    stage_seconds: dict = field(repr=False, default_factory=dict)  # stage -> mean wall seconds per step
     lines: list = field(repr=False, default_factory=list)
 
 
@@ -52,13 +62,33 @@ def _config(run_dir: Path) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 
 
+def _wall_seconds(manifest: Path) -> float:
+    return float(json.loads(manifest.read_text()).get("wall_seconds", 0.0))
+
+
 def seconds_per_step(run_dir: Path) -> float | None:
     totals = []
     for folder in sorted(run_dir.glob("step_*")):
-        seconds = [json.loads(m.read_text()).get("wall_seconds", 0.0) for m in folder.glob("*.manifest.json")]
+        seconds = [_wall_seconds(m) for m in folder.glob("*.manifest.json")]
         if seconds:
             totals.append(float(sum(seconds)))
     return float(np.mean(totals)) if totals else None
+
+
+def stage_seconds(run_dir: Path) -> dict[str, float]:
+    """Mean wall seconds per step of each stage that has manifests in the run's step folders."""
+    means = {}
+    for stage, output in STAGE_OUTPUTS.items():
+        seconds = [_wall_seconds(m) for m in sorted(run_dir.glob(f"step_*/{output}*.manifest.json"))]
+        if seconds:
+            means[stage] = float(np.mean(seconds))
+    return means
+
+
+def on_policy_accuracy(lines: list[dict]) -> float | None:
+    """The mean training reward over steps >= 1: how well the policy did on fresh prompts while it trained."""
+    rewards = [r for step, r in zip(*step_series(lines, "verify/reward_mean")) if step >= 1]
+    return float(np.mean(rewards)) if rewards else None
 
 
 def method_label(document: dict) -> str:
@@ -86,7 +116,8 @@ def summarise(run_dir: Path, target: float) -> RunSummary:
     return RunSummary(run_dir, method_label(document),
                       int(document.get("run", {}).get("seed", 0)), evals[-1]["eval/greedy_accuracy"],
                       evals[-1].get(key) if key else None, key[5:] if key else None,
-                      reached[0] if reached else None, seconds_per_step(run_dir), lines)
+                      reached[0] if reached else None, seconds_per_step(run_dir), on_policy_accuracy(lines),
+                      stage_seconds(run_dir), lines)
 
 
 def _mean_std(values: list[float]) -> str:
@@ -130,7 +161,7 @@ def t_975(degrees: int) -> float:
 
 def paired_differences(groups: dict[str, list[RunSummary]], baseline: str = BASELINE,
                        metric: str = "greedy") -> list[dict]:
-    """Per method, `metric` (greedy or sampled accuracy) minus the baseline's at the same seed (same
+    """Per method, `metric` (greedy, sampled or on_policy accuracy) minus the baseline's at the same seed (same
     prompts, same base): mean, 95% t-interval, pairs, and how many seeds the method won. Methods
     without 2 shared seeds are left out (no interval)."""
     reference = {r.seed: getattr(r, metric) for r in groups.get(baseline, []) if getattr(r, metric) is not None}
@@ -149,10 +180,11 @@ def paired_differences(groups: dict[str, list[RunSummary]], baseline: str = BASE
 
 def paired_tables(groups: dict[str, list[RunSummary]], baseline: str = BASELINE) -> list[tuple[str, str]]:
     """(title, Markdown table) of the paired differences of greedy accuracy, then of sampled accuracy
-    (avg@k) when runs have it."""
+    (avg@k) and of on-policy accuracy when runs have them."""
     sampled = next((r.sampled_name for runs in groups.values() for r in runs if r.sampled_name), None)
     blocks = []
-    for metric, name in (("greedy", "greedy accuracy"), ("sampled", f"sampled {sampled}")):
+    for metric, name in (("greedy", "greedy accuracy"), ("sampled", f"sampled {sampled}"),
+                         ("on_policy", "on-policy accuracy: mean training reward over steps >= 1")):
         rows = paired_differences(groups, baseline, metric)
         if not rows:
             continue
@@ -164,6 +196,18 @@ def paired_tables(groups: dict[str, list[RunSummary]], baseline: str = BASELINE)
         title = f"Paired difference to {baseline} ({name}, points; same seed = same prompts and base)"
         blocks.append((title, "\n".join(lines) + "\n"))
     return blocks
+
+
+def stage_table(groups: dict[str, list[RunSummary]]) -> str:
+    """Seconds per step by stage: per method, the mean over its runs of each run's mean over steps."""
+    stages = [s for s in STAGE_OUTPUTS if any(s in r.stage_seconds for runs in groups.values() for r in runs)]
+    if not stages:
+        return ""
+    lines = ["| method | " + " | ".join(stages) + " | step total |", "|---" * (len(stages) + 2) + "|"]
+    for method, runs in groups.items():
+        means = [np.mean([r.stage_seconds[s] for r in runs if s in r.stage_seconds] or [np.nan]) for s in stages]
+        lines.append(f"| {method} | " + " | ".join(f"{m:.1f}" for m in means) + f" | {np.nansum(means):.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _band(runs: list[RunSummary], series) -> tuple | None:
@@ -210,8 +254,10 @@ def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None
     groups: dict[str, list[RunSummary]] = {}
     for summary in sorted((summarise(d, target) for d in run_dirs), key=lambda s: (s.method, s.seed)):
         groups.setdefault(summary.method, []).append(summary)
-    main, paired, images = markdown_table(groups, target), paired_tables(groups), curve_images(groups)
-    table = main + "".join(f"\n{title}:\n\n{block}" for title, block in paired)
+    main, sections, images = markdown_table(groups, target), paired_tables(groups), curve_images(groups)
+    if stages := stage_table(groups):
+        sections.append(("Seconds per step by stage (wall, mean over steps and seeds)", stages))
+    table = main + "".join(f"\n{title}:\n\n{block}" for title, block in sections)
     for name, png in images.items():
         write_bytes_atomically(output.parent / output.stem / f"{name}.png", png)
     write_bytes_atomically(output.with_suffix(".md"), table)
@@ -220,7 +266,7 @@ def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None
             "table{border-collapse:collapse}img{width:520px;margin:6px}"
     write_bytes_atomically(output, f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>oarctl compare</title>'
                                    f'<style>{style}</style></head><body><h1>Runs compared</h1>{_html_table(main)}'
-                                   + "".join(f"<h2>{html.escape(title)}</h2>{_html_table(block)}" for title, block in paired)
+                                   + "".join(f"<h2>{html.escape(title)}</h2>{_html_table(block)}" for title, block in sections)
                                    + f'<h2>Curves</h2>{figures}</body></html>')
     log(f"compare: {sum(len(r) for r in groups.values())} runs, {len(groups)} methods -> {output}")
     return table

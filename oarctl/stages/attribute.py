@@ -26,7 +26,8 @@ from oarctl.artifacts import extend_table
 from oarctl.attribution import ATTRIBUTION_METHODS
 from oarctl.attribution.oar import segment_rows
 from oarctl.attribution.rows import outcome_mode, rows_to_score, span_columns
-from oarctl.distributed import deal, gather_to_rank_zero, process_state, rank, world_size
+from oarctl.checkpoints import loaded_files
+from oarctl.distributed import deal, gather_to_rank_zero, process_state, rank, verify_shared_out, world_size
 from oarctl.runner import StageContext, StageOutput
 
 VERSION = "2"
@@ -44,10 +45,12 @@ def rows_of_rank(verified, rows: list[int], ranks: int, index: int) -> list[int]
 
 
 def _on_rank_device(context: StageContext, state) -> StageContext:
-    """Under a launcher every rank loads its own copy on its own device, whatever policy.device says."""
+    """Under a launcher every rank loads its own copy on its own device, whatever policy.device says;
+    the ranks check its files first, each its share (call on every rank)."""
     if state is None:
         return context
-    policy = dataclasses.replace(context.policy, device=str(state.device), _loaded=None)
+    verify_shared_out(context.policy.path, loaded_files(context.policy.path), state)
+    policy = dataclasses.replace(context.policy, device=str(state.device), verified=True, _loaded=None)
     return dataclasses.replace(context, policy=policy)
 
 

@@ -46,9 +46,10 @@ from oarctl import sharded_state
 from oarctl.artifacts import make_table, temporary_sibling
 from oarctl.batching import loss_share, pad_plan, plan_step
 from oarctl.checkpoints import (OPTIMIZER_STATE, OPTIMIZER_TENSORS, SHARDED_OPTIMIZER, load_master, load_optimizer,
-                                load_policy, read_optimizer_state, read_scalars)
+                                load_policy, loaded_files, read_optimizer_state, read_scalars, weight_file_plan,
+                                write_weight_files, write_weight_index)
 from oarctl.distributed import (deepspeed, fsdp, gather_to_rank_zero, make_accelerator, on_rank_zero,
-                                raise_on_every_rank, sharded)
+                                raise_on_every_rank, sharded, verify_shared_out)
 from oarctl.errors import OarError
 from oarctl.losses import policy_loss
 from oarctl.policy.logprobs import model_device, pad_rows, response_token_stats
@@ -205,11 +206,9 @@ def _load_fsdp_optimizer(model, optimizer, names: list[str], shapes: dict, direc
 
 
 def _load_sharded_optimizer(model, optimizer, directory: Path, accelerator) -> None:
-    """Every rank verifies its share of the shard files (each file hashed once in all), then reads the
-    slices of its own parameters."""
-    problem = sharded_state.verify_shared_out(directory, sharded_state.shard_files(directory),
-                                              accelerator.process_index, accelerator.num_processes)
-    raise_on_every_rank(problem, accelerator)
+    """Every rank verifies its share of the shard files and optimizer.json (each file hashed once in all),
+    then reads the slices of its own parameters."""
+    verify_shared_out(directory, [*sharded_state.shard_files(directory), OPTIMIZER_STATE], accelerator)
     scalars = on_rank_zero(accelerator, lambda: read_scalars(directory))
     shared = [scalars]
     torch.distributed.broadcast_object_list(shared, src=0)  # numbers only: {"PARAMETER::step": float}
@@ -221,26 +220,52 @@ def _load_sharded_optimizer(model, optimizer, directory: Path, accelerator) -> N
     raise_on_every_rank(problem, accelerator)
 
 
-def _save_sharded_optimizer(model, optimizer, context: StageContext, accelerator,
-                            with_master: bool) -> tuple[dict, dict]:
-    """Every FSDP rank writes its AdamW shard into the checkpoint's temporary folder (named by rank 0's
-    process, which writes the rest of the checkpoint there afterwards). Returns, on rank 0, ({relative
-    path: sha256} of the shards, their I/O); the rank-0 share of optimizer.json is written here too."""
+def _staging(context: StageContext, accelerator) -> Path:
+    """The checkpoint's temporary folder, named by rank 0's process (which writes the rest of the
+    checkpoint there afterwards), on every rank."""
     shared = [str(temporary_sibling(context.output)) if accelerator.is_main_process else None]
     torch.distributed.broadcast_object_list(shared, src=0)
     staging = Path(shared[0])
     staging.mkdir(parents=True, exist_ok=True)
+    return staging
+
+
+def _merged(entries: list[dict], prefix: str) -> tuple[dict, dict]:
+    """The ranks' {"digests", "io"} as one {relative path: sha256} and I/O metrics (slowest rank's seconds)."""
+    digests = {name: digest for entry in entries for name, digest in entry["digests"].items()}
+    io = {f"{prefix}_bytes": sum(entry["io"]["bytes"] for entry in entries),
+          f"{prefix}_write_seconds": round(max(entry["io"]["write_seconds"] for entry in entries), 3),
+          f"{prefix}_hash_seconds": round(max(entry["io"]["hash_seconds"] for entry in entries), 3)}
+    return digests, io
+
+
+def _save_sharded_optimizer(model, optimizer, staging: Path, accelerator, with_master: bool) -> tuple[dict, dict]:
+    """Every FSDP rank writes its AdamW shard into the checkpoint's staging folder. Returns, on rank 0,
+    ({relative path: sha256} of the shards, their I/O); the rank-0 share of optimizer.json is written here too."""
     written, scalars = sharded_state.save_shards(model, optimizer.optimizer, staging, accelerator.process_index,
                                                  with_master)
     everyone = gather_to_rank_zero(written, accelerator)
     if not accelerator.is_main_process:
         return {}, {}
     (staging / OPTIMIZER_STATE).write_text(json.dumps(scalars, sort_keys=True))
-    digests = {name: digest for entry in everyone for name, digest in entry["digests"].items()}
-    io = {"optimizer_shard_bytes": sum(entry["io"]["bytes"] for entry in everyone),
-          "optimizer_shard_write_seconds": round(max(entry["io"]["write_seconds"] for entry in everyone), 3),
-          "optimizer_shard_hash_seconds": round(max(entry["io"]["hash_seconds"] for entry in everyone), 3)}
-    return digests, io
+    return _merged(everyone, "optimizer_shard")
+
+
+def _save_weight_files(model, state_dict: dict, config, staging: Path, accelerator) -> tuple[dict, dict]:
+    """Every FSDP rank writes its turn of the consolidated weight files (file i by rank i mod R) in
+    update.save_dtype and hashes them, all at once, instead of rank 0 writing them all. Returns, on
+    rank 0, ({file: sha256}, their I/O) after writing the index that names every file."""
+    tied = {"lm_head.weight"} if getattr(accelerator.unwrap_model(model).config, "tie_word_embeddings", False) else set()
+    itemsize = torch.empty(0, dtype=getattr(torch, config.save_dtype)).element_size()
+    sizes = {name: tensor.numel() * itemsize for name, tensor in state_dict.items() if name not in tied}
+    plan = weight_file_plan(sizes, config.weight_file_mb)
+    mine = [name for i, name in enumerate(plan) if i % accelerator.num_processes == accelerator.process_index]
+    written = write_weight_files(state_dict, plan, mine, staging, config.save_dtype)
+    everyone = gather_to_rank_zero(written, accelerator)
+    if not accelerator.is_main_process:
+        return {}, {}
+    write_weight_index(plan, sizes, staging)
+    return _merged(everyone, "weight_file")
 
 
 def _optimizer_state(model, optimizer, names: list[str], accelerator) -> dict | None:
@@ -251,16 +276,11 @@ def _optimizer_state(model, optimizer, names: list[str], accelerator) -> dict | 
     return optimizer.state_dict()  # DDP: every rank holds all of it
 
 
-def _offload_to_rank_zero(accelerator) -> bool:
-    """Whether FSDP gathers full states to rank 0's CPU, or to every rank. Only on GPUs: torch's FSDP1
-    relies on `.cpu()` copying, and on CPU it hands back views of reused gather buffers (its model state
-    dict then dies of SIGSEGV, its optimizer state dict shares memory between exp_avg and exp_avg_sq)."""
-    return accelerator.device.type != "cpu"
-
-
 def _gathered_weights(model, accelerator) -> dict:
-    """The full weights, on rank 0 at least (call on every rank: FSDP/ZeRO-3 gather the shards)."""
-    if not fsdp(accelerator) or _offload_to_rank_zero(accelerator):
+    """The full weights (call on every rank: FSDP/ZeRO-3 gather the shards). Under FSDP every rank gets
+    them, on its own device, because every rank writes its share of the weight files; under ZeRO-3 and
+    DDP, as accelerate gathers them (rank 0 at least)."""
+    if not fsdp(accelerator):
         return accelerator.get_state_dict(model)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -269,21 +289,31 @@ def _gathered_weights(model, accelerator) -> dict:
 
 def _trained(model, tokenizer, optimizer, names: list[str], config, context: StageContext,
              accelerator) -> Trained | None:
-    """What the runner saves (rank 0 only; None on the other ranks)."""
+    """What the runner saves (rank 0 only; None on the other ranks). Under FSDP the ranks have already
+    written, each its share, the AdamW state and the weight files into the checkpoint's staging folder."""
     sixteen_bit = config.save_dtype != "float32"  # then the fp32 weights are saved beside the AdamW state
     if accelerator is None:
-        return Trained(model, tokenizer, optimizer, names, save_dtype=config.save_dtype)
+        return Trained(model, tokenizer, optimizer, names, save_dtype=config.save_dtype,
+                       weight_file_mb=config.weight_file_mb)
     state_dict = _gathered_weights(model, accelerator)
     optimizer_state = _optimizer_state(model, optimizer, names, accelerator)
-    shards, io = ((_save_sharded_optimizer(model, optimizer, context, accelerator, sixteen_bit))
-                  if fsdp(accelerator) else ({}, {}))
+    prewritten, io = {}, {}
+    if fsdp(accelerator):
+        staging = _staging(context, accelerator)
+        for digests, metrics in (_save_sharded_optimizer(model, optimizer, staging, accelerator, sixteen_bit),
+                                 _save_weight_files(model, state_dict, config, staging, accelerator)):
+            prewritten.update(digests)
+            io.update(metrics)
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return None
     if not sharded(accelerator):
-        return Trained(accelerator.unwrap_model(model), tokenizer, optimizer_state, names, save_dtype=config.save_dtype)
-    return Trained(_plain_model(context.policy.path, state_dict), tokenizer, optimizer_state, names, shards, io,
-                   config.save_dtype, master_in_shards=fsdp(accelerator) and sixteen_bit)
+        return Trained(accelerator.unwrap_model(model), tokenizer, optimizer_state, names, save_dtype=config.save_dtype,
+                       weight_file_mb=config.weight_file_mb)
+    weights = {name: tensor.to("cpu") for name, tensor in state_dict.items()}  # rank 0's copy, for the canary
+    return Trained(_plain_model(context.policy.path, weights), tokenizer, optimizer_state, names, prewritten, io,
+                   config.save_dtype, master_in_shards=fsdp(accelerator) and sixteen_bit,
+                   weights_written=fsdp(accelerator), weight_file_mb=config.weight_file_mb)
 
 
 def _plain_model(path, state_dict: dict):
@@ -330,7 +360,11 @@ def _load(policy, accelerator, trained: bool = True):
     model to its own GPU (policy.device `cuda` would put every rank's full copy on cuda:0). A checkpoint
     saved in 16 bits gets its fp32 weights back (under FSDP from master.safetensors only: the ranks read
     their slices of sharded ones after `prepare`; the KL reference is not sharded: it reads them whole)."""
-    model, tokenizer = policy.load() if accelerator is None else load_policy(policy.path, "cpu")
+    if accelerator is None:
+        model, tokenizer = policy.load()
+    else:  # every rank reads the weights; each hashes its share of the files (each file once in all)
+        verify_shared_out(policy.path, loaded_files(policy.path), accelerator)
+        model, tokenizer = load_policy(policy.path, "cpu", verified=True)
     load_master(model, policy.path, shards=not (trained and fsdp(accelerator)))
     return model, tokenizer
 
