@@ -1030,6 +1030,7 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
               _hash_seconds(own_weights, own_files, hashing)),
              ("engines reload the weights in place (first read from disk)", engines * W, W / disk),
              (f"the sampling process verifies them once for its {engines} engine(s)", W, verify_weights)]
+
     def shared_out(ranks: int) -> float:  # ranks that all read the weights verify ceil(F / R) files each
         files = math.ceil(weight_files / ranks)
         return _hash_seconds(files * W / weight_files, files, hashing)
