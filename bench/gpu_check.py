@@ -310,13 +310,15 @@ def _agreement(exact: Path, cheap: list[Path], rows: list) -> None:
 
 
 def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Path, rows) -> None:
-    """The update again, under `accelerate launch` with FSDP; a row with the weight difference."""
+    """The update again, under `accelerate launch` with FSDP; a row with the weight difference, and the
+    seconds the ranks took to write the weight files in turn and their AdamW shards."""
+    import json
     import subprocess
 
     import torch
     import yaml
-    from safetensors.torch import load_file
 
+    from oarctl.checkpoints import read_weights
     from oarctl.config import to_dict
     from oarctl.launch import update_command
 
@@ -331,9 +333,13 @@ def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Pa
     if launched.returncode:
         raise RuntimeError(f"the launched FSDP update failed ({launched.returncode}):\n{launched.stderr[-3000:]}")
     seconds = time.perf_counter() - started
-    one, other = load_file(work / "policy_next" / "model.safetensors"), load_file(work / "policy_fsdp" / "model.safetensors")
+    one, other = read_weights(work / "policy_next"), read_weights(work / "policy_fsdp")  # files the ranks wrote in turn
     difference = max(float((one[k].float() - other[k].float()).abs().max()) for k in one)
-    rows.append((f"update_fsdp_x{ranks}", seconds, float("nan"), {"weight_difference": difference}))
+    io = json.loads((work / "policy_fsdp.manifest.json").read_text())["metrics"]
+    rows.append((f"update_fsdp_x{ranks}", seconds, float("nan"),
+                 {"weight_difference": difference, "weight_files": len(list((work / "policy_fsdp").glob("model*.safetensors"))),
+                  **{key: io[key] for key in ("weight_file_write_seconds", "weight_file_hash_seconds",
+                                              "optimizer_shard_write_seconds", "checkpoint_verify_seconds") if key in io}}))
 
 
 def _note(name: str, seconds: float, metrics: dict) -> str:
@@ -346,7 +352,9 @@ def _note(name: str, seconds: float, metrics: dict) -> str:
         return (f"checkpoint written in {metrics['checkpoint_write_seconds']:.1f} s, hashed in "
                 f"{metrics['checkpoint_hash_seconds']:.1f} s ({metrics['checkpoint_bytes_written'] / 2**30:.2f} GiB)")
     if name.startswith("update_fsdp"):
-        return f"accelerate launch; weights differ from the in-process update by {metrics['weight_difference']:.2e}"
+        io = ", ".join(f"{key} {metrics[key]}" for key in metrics if key.endswith("_seconds"))
+        return (f"accelerate launch; weights differ from the in-process update by {metrics['weight_difference']:.2e}; "
+                f"{metrics.get('weight_files', '?')} weight files written by the ranks in turn; {io}")
     if "agreement" in metrics:
         return metrics["agreement"]
     if "responses" in metrics:

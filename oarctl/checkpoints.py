@@ -370,6 +370,12 @@ def write_weight_files(state: dict, plan: dict[str, list[str]], files: list[str]
     return {"digests": digests, "io": io}
 
 
+def read_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint's weights, from model.safetensors or its several files (no check)."""
+    return {name: tensor for path in sorted(Path(directory).glob("model*.safetensors"))
+            for name, tensor in load_file(path).items()}
+
+
 def write_weight_index(plan: dict[str, list[str]], sizes: dict[str, int], directory: Path) -> None:
     if len(plan) > 1:
         weight_map = {key: name for name, keys in plan.items() for key in keys}
