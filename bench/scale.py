@@ -996,7 +996,8 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
     threads), else rank 0 writes all F; and AdamW O = 8P, plus the fp32 weights 4P when W is 16-bit: under
     FSDP each of the R ranks writes and hashes its own O/R at once (sharded_state, in FILES_PER_RANK
     files), else rank 0 writes and hashes all of it. Loaded: every process that loads the
-    policy verifies the weight files it reads once: the sampling process for its engines, and the
+    policy verifies the weight files it reads once: the sampling process for its engines (while they
+    load them, so only what outlasts the load is on the critical path), and the
     attribute and update ranks shared out (each file hashed by one rank, ceil(F/R) files each; the update
     ranks the AdamW files too); the engines' first read comes from disk at `disk_gbps`, the others from
     the page cache.
@@ -1029,7 +1030,10 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
              (f"weights: each writer hashes its files (up to {own_files})", W,
               _hash_seconds(own_weights, own_files, hashing)),
              ("engines reload the weights in place (first read from disk)", engines * W, W / disk),
-             (f"the sampling process verifies them once for its {engines} engine(s)", W, verify_weights)]
+             # the sampling process checks them while its engines load them (the same bytes: whichever reads a
+             # page first takes it from disk, the other from the page cache): only what outlasts the load counts
+             (f"the sampling process verifies them for its {engines} engine(s), beside the load", W,
+              max(0.0, verify_weights - W / disk))]
 
     def shared_out(ranks: int) -> float:  # ranks that all read the weights verify ceil(F / R) files each
         files = math.ceil(weight_files / ranks)

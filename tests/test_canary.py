@@ -159,3 +159,23 @@ def test_canary_tokens_cannot_exceed_the_stored_reference():
     assert load_config(None, ["vllm.canary_tokens=16"]).vllm.canary_tokens == 16
     with pytest.raises(OarError, match=r"vllm.canary_tokens must be in \[0, 16\]"):
         load_config(None, ["vllm.canary_tokens=17"])
+
+
+def test_the_weight_files_are_checked_apart_while_the_rest_is_checked_first(checkpoint):
+    """reference_with_weight_check verifies canary.json, the configs and the tokenizer before it
+    returns, and the weight files in a started check that raises on a modified one and releases
+    what loaded them."""
+    from oarctl.policy import vllm_backend
+
+    data = bytearray((checkpoint / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (checkpoint / "model.safetensors").write_bytes(bytes(data))
+    reference, check = canary.reference_with_weight_check(Policy(checkpoint))
+    assert reference == canary.read_reference(checkpoint)
+    released = []
+    with pytest.raises(OarError, match="checkpoint file model.safetensors does not match its recorded hash"):
+        vllm_backend.awaited(check, lambda: released.append(True))
+    assert released == [True]
+    (checkpoint / "config.json").write_text((checkpoint / "config.json").read_text() + " ")
+    with pytest.raises(OarError, match="checkpoint file config.json does not match its recorded hash"):
+        canary.reference_with_weight_check(Policy(checkpoint))  # before any engine may load

@@ -188,5 +188,7 @@ def test_checkpoint_io_counts_every_loading_process():
     # the attribute ranks share the hashing out: 4 of the 31 files each, hashed in 4 threads
     assert terms["8 attribute ranks load the weights, verified shared out"] == (
         2 * P, pytest.approx(4 * 2 * P / files / (4 * scale.GB)))
+    # the engines' load from disk (2P / 3 GB/s) outlasts the check beside it (2P / (8 x 1 GB/s)): 0 s
+    assert terms["the sampling process verifies them for its 8 engine(s), beside the load"] == (2 * P, 0.0)
     uniform = _setting("configs/qwen2.5-7b/grpo.yaml")
     assert not any("attribute" in name for name, _, _ in scale.checkpoint_io(uniform, HW, 3.0, 1.0))

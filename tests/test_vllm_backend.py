@@ -357,3 +357,27 @@ def test_a_replica_error_or_death_is_one_clear_error(served, tmp_path, tiny_poli
         assert all(replica.process.poll() is not None for replica in running)  # all stopped, none left behind
     finally:
         vllm_replicas.stop()
+
+
+def test_weights_that_fail_their_check_while_engines_load_them_are_never_sampled(served, tmp_path, random_checkpoint):
+    """The sampling process verifies the weight files while the engines load them (reading safetensors
+    runs no code) and samples only once the check has passed: a modified weight file is one error, on
+    one engine in this process or on replicas, and every engine that loaded it is released. Last in the
+    file: it releases the module's engine."""
+    import shutil
+
+    from oarctl.policy import vllm_replicas
+
+    folder = tmp_path / "tampered"
+    shutil.copytree(random_checkpoint, folder)
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[-1] ^= 1  # the last weight's last byte: the file still loads
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    settings = dict(temperature=1.0, top_p=1.0, max_new_tokens=4, seed=0)
+    try:
+        for count in (1, 2):
+            with pytest.raises(OarError, match="model.safetensors does not match its recorded hash"):
+                vllm_backend.generate(_replicated(folder, count), served[3], **settings)
+            assert "llm" not in vllm_backend._engine and not vllm_replicas._running
+    finally:
+        vllm_replicas.stop()

@@ -139,17 +139,41 @@ def read_reference(directory: Path) -> dict:
     return _parse(path)
 
 
-def _verified_checkpoint_reference(directory: Path) -> dict:
+def _verified_checkpoint_reference(directory: Path, weights: bool = True) -> dict:
     """canary.json of a checkpoint we wrote, after checking what vLLM will read against checkpoint.json
-    (weights, config, tokenizer, canary.json; each file hashed at most once per process)."""
+    (weights unless `weights` is False, config, tokenizer, canary.json; each file hashed at most once per
+    process)."""
     from oarctl.checkpoints import MANIFEST, verify_checkpoint
 
     recorded = json.loads((directory / MANIFEST).read_text())["files"]
     if (directory / FILE).exists() and FILE not in recorded:
         raise OarError(f"{directory / FILE}: not listed in {MANIFEST} (added after the checkpoint was written); "
                        f"rerun the update that wrote this folder with --force")
-    verify_checkpoint(directory, _read_by_engines)
+    verify_checkpoint(directory, lambda name: _read_by_engines(name) and (weights or not _weight_file(name)))
     return read_reference(directory)
+
+
+def _weight_file(name: str) -> bool:
+    return name.startswith("model") and name.endswith(".safetensors")
+
+
+def reference_with_weight_check(policy):
+    """(reference, check): the canary reference with every file the engines read verified except the
+    weight files, and `check`, a started future that verifies those (None when there is nothing to
+    check). The engines may load the weights meanwhile (reading safetensors runs no code), but nothing
+    may be generated from them before `check.result()` returned: it raises OarError on a bad file."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from oarctl.checkpoints import MANIFEST, verify_checkpoint
+
+    directory = Path(policy.path)
+    if not (directory / MANIFEST).exists():
+        return reference_for(policy), None
+    reference = _verified_checkpoint_reference(directory, weights=False)
+    pool = ThreadPoolExecutor(max_workers=1)
+    check = pool.submit(verify_checkpoint, directory, lambda name: _read_by_engines(name) and _weight_file(name))
+    pool.shutdown(wait=False)  # the check runs on, then its thread ends
+    return reference, check
 
 
 def _read_by_engines(name: str) -> bool:

@@ -331,14 +331,17 @@ def served_engine(policy, in_place: bool | None = None, reference: dict | None =
     """The engine for a runner.Policy, canary-checked after each load (one rebuild if in place failed).
 
     `reference`: the policy's canary reference when the caller has it (a replica gets it from its
-    parent); else `canary.reference_for`, which verifies the checkpoint before vLLM reads it.
+    parent, which verifies the weight files meanwhile); else `canary.reference_with_weight_check`: the
+    configs, tokenizer and canary.json are verified before vLLM reads them, the weight files while it
+    loads them, and the engine is returned only once they passed.
     """
     settings, identity = policy.vllm, policy.identity
-    checking = settings["canary_tokens"] > 0
-    if checking and reference is None:
-        reference = canary.reference_for(policy)
+    checking, weight_check = settings["canary_tokens"] > 0, None
+    if checking and reference is None:  # the weight files are verified while the engine loads them
+        reference, weight_check = canary.reference_with_weight_check(policy)
     started = time.perf_counter()
-    llm, how = engine(policy.path, settings, identity, in_place)
+    llm, how = loaded_while_checked(lambda: engine(policy.path, settings, identity, in_place), weight_check,
+                                    release_engine)
     report = {"engine": how or "reused", "engine_load_seconds": time.perf_counter() - started,
               "canary_seconds": 0.0, "canary_failures": 0}
     if how is not None and checking:
@@ -355,6 +358,30 @@ def served_engine(policy, in_place: bool | None = None, reference: dict | None =
             report["canary_seconds"] += _checked(llm, reference, policy.path, settings)
     set_load_report(report)
     return llm
+
+
+def awaited(weight_check, release) -> None:
+    """Wait for a started weight check (canary.reference_with_weight_check); on a bad file, `release`
+    the engines that loaded it (their weights are not to be used) and raise its error."""
+    try:
+        weight_check.result()
+    except OarError:
+        release()
+        raise
+
+
+def loaded_while_checked(load, weight_check, release):
+    """load() while `weight_check` (or None) runs, then wait for the check. The check's error comes
+    first, because it names the file: a modified file may also fail the load or the canary."""
+    try:
+        loaded = load()
+    except OarError:
+        if weight_check is not None:
+            awaited(weight_check, release)
+        raise
+    if weight_check is not None:
+        awaited(weight_check, release)
+    return loaded
 
 
 def set_load_report(report: dict) -> None:

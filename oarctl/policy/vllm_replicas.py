@@ -162,15 +162,20 @@ def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, t
     """One response per prompt, the prompts shared out over the replicas, which run concurrently."""
     from oarctl.policy import canary, vllm_backend
 
-    reference = canary.reference_for(policy) if policy.vllm["canary_tokens"] else None  # before any engine loads
+    reference, weight_check = (canary.reference_with_weight_check(policy) if policy.vllm["canary_tokens"]
+                               else (None, None))
     running = replicas(policy.vllm)
+    served = {"path": str(policy.path), "device": policy.device, "vllm": policy.vllm, "canary": reference}
+    # the replicas load (and canary-check) the weights while this process verifies them; nothing is
+    # generated before that check has passed
+    loads = vllm_backend.loaded_while_checked(lambda: _exchange(running, [{"kind": "load", **served}] * len(running)),
+                                              weight_check, stop)
     parts = shares(len(prompt_token_ids), len(running))
     replies = _exchange(running, [
-        {"kind": "generate", "path": str(policy.path), "device": policy.device, "vllm": policy.vllm,
-         "canary": reference, "prompts": prompt_token_ids[part.start:part.stop], "first_index": part.start,
+        {"kind": "generate", **served, "prompts": prompt_token_ids[part.start:part.stop], "first_index": part.start,
          "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed,
          "progress": progress and replica.index == 0} for replica, part in zip(running, parts)])
-    vllm_backend.set_load_report(combined_report([reply["engine"] for reply in replies if reply.get("engine")]))
+    vllm_backend.set_load_report(combined_report([reply["engine"] for reply in loads]))
     return [Generation(*generation) for reply in replies for generation in reply["generations"]]
 
 
@@ -222,12 +227,28 @@ def _generate_here(request: dict) -> dict:
             "engine": vllm_backend.load_report()}
 
 
+def _load_here(request: dict) -> dict:
+    """Load (or keep) the engine for a policy and canary-check it; the parent verifies the weight files
+    meanwhile, and asks for generations only after that."""
+    from oarctl.policy import vllm_backend
+    from oarctl.runner import Policy
+
+    policy = Policy(Path(request["path"]), request["device"], "vllm", request["vllm"])
+    try:
+        vllm_backend.served_engine(policy, reference=request["canary"])
+    except OarError as error:
+        return {"error": str(error)}
+    return {"engine": vllm_backend.load_report()}
+
+
 def _answer(request: dict) -> dict:
-    """A worker's reply to one message: a generate request, or {"kind": "rest"}."""
+    """A worker's reply to one message: {"kind": "load"}, a generate request, or {"kind": "rest"}."""
     from oarctl.policy import vllm_backend
 
     if request.get("kind") == "rest":
         return {"rested": vllm_backend.rest_engine()}
+    if request.get("kind") == "load":
+        return _load_here(request)
     return _generate_here(request)
 
 
