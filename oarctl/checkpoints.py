@@ -26,6 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from oarctl.config import UpdateConfig
 from oarctl.errors import OarError
 
 MANIFEST = "checkpoint.json"
@@ -306,7 +307,7 @@ def load_master(model, directory: Path, shards: bool = True) -> bool:
 
 def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_names=None, extra_files=(),
                 prewritten: dict[str, str] | None = None, save_dtype: str = "float32", master: bool = True,
-                max_file_mb: float = 2000.0, weights_written: bool = False) -> str:
+                max_file_mb: float = UpdateConfig.weight_file_mb, weights_written: bool = False) -> str:
     """Write a complete checkpoint into `directory` (a temporary folder) and its hash manifest.
     `prewritten`: {relative path: sha256} of files other processes already wrote there (FSDP shards, and
     with `weights_written` the weight files and their index: then only the configs are written here).

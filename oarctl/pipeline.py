@@ -23,6 +23,7 @@ from oarctl.artifacts import write_bytes_atomically, write_parquet
 from oarctl.errors import OarError
 from oarctl.launch import accelerate_config, launch_stage, rest_generation_engines
 from oarctl.logging_backends import MetricsSinks
+from oarctl.report.run_report import read_metrics
 from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
                            why_stale)
 from oarctl.stages import attribute, evaluate, reshape, sample, update, verify
@@ -269,8 +270,8 @@ def _flatten(prefix: str, metrics: dict) -> dict:
 def _recorded_metrics(run_dir: Path) -> list[dict]:
     """The lines a previous invocation left in metrics.jsonl ([] if none or unreadable)."""
     try:
-        return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
+        return read_metrics(run_dir)
+    except OarError:
         return []
 
 

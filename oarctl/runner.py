@@ -20,6 +20,7 @@ from pathlib import Path
 from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
 from oarctl.checkpoints import (HASHING, READING, WRITE_HASHING, load_policy, load_tokenizer, policy_identity,
                                 replace_directory, save_policy, sha256_file)
+from oarctl.config import UpdateConfig
 from oarctl.errors import InputError, OarError
 from oarctl.policy.canary import write_reference
 
@@ -72,7 +73,7 @@ class Trained:
     save_dtype: str = "float32"  # of model.safetensors (update.save_dtype)
     master_in_shards: bool = False  # the fp32 weights are in the ranks' shards, not master.safetensors
     weights_written: bool = False  # the ranks wrote the weight files (FSDP): the runner writes the configs only
-    weight_file_mb: float = 2000.0  # update.weight_file_mb
+    weight_file_mb: float = UpdateConfig.weight_file_mb
 
 
 @dataclass

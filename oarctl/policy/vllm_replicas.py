@@ -208,7 +208,8 @@ def rest() -> str:
 
 
 def _generate_here(request: dict) -> dict:
-    """Serve one generate request in a worker (the same engine as a single-engine run: served_engine)."""
+    """Serve one generate request in a worker (the same engine as a single-engine run: served_engine; the
+    load request before it reported how the engine was obtained)."""
     from oarctl.policy import vllm_backend
     from oarctl.runner import Policy
 
@@ -223,8 +224,7 @@ def _generate_here(request: dict) -> dict:
             first_index=request["first_index"])
     except OarError as error:
         return {"error": str(error)}
-    return {"generations": [[g.token_ids, g.logprobs, g.finish_reason] for g in generations],
-            "engine": vllm_backend.load_report()}
+    return {"generations": [[g.token_ids, g.logprobs, g.finish_reason] for g in generations]}
 
 
 def _load_here(request: dict) -> dict:

@@ -255,7 +255,7 @@ def _save_weight_files(model, state_dict: dict, config, staging: Path, accelerat
     """Every FSDP rank writes its turn of the consolidated weight files (file i by rank i mod R) in
     update.save_dtype and hashes them, all at once, instead of rank 0 writing them all. Returns, on
     rank 0, ({file: sha256}, their I/O) after writing the index that names every file."""
-    tied = {"lm_head.weight"} if getattr(accelerator.unwrap_model(model).config, "tie_word_embeddings", False) else set()
+    tied = _tied(accelerator.unwrap_model(model).config)
     itemsize = torch.empty(0, dtype=getattr(torch, config.save_dtype)).element_size()
     sizes = {name: tensor.numel() * itemsize for name, tensor in state_dict.items() if name not in tied}
     plan = weight_file_plan(sizes, config.weight_file_mb)
@@ -316,6 +316,11 @@ def _trained(model, tokenizer, optimizer, names: list[str], config, context: Sta
                    weights_written=fsdp(accelerator), weight_file_mb=config.weight_file_mb)
 
 
+def _tied(model_config) -> set[str]:
+    """The output layer's name when the model ties it to the embedding (not saved, tied again at load)."""
+    return {"lm_head.weight"} if getattr(model_config, "tie_word_embeddings", False) else set()
+
+
 def _plain_model(path, state_dict: dict):
     """An unwrapped model holding the gathered full weights, for save_pretrained: built on the meta device
     and given the gathered tensors themselves (assign), so rank 0 neither reads the checkpoint again nor
@@ -327,7 +332,7 @@ def _plain_model(path, state_dict: dict):
         plain = AutoModelForCausalLM.from_config(config)
     missing, unexpected = plain.load_state_dict(state_dict, strict=False, assign=True)
     plain.tie_weights()
-    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    tied = _tied(config)
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"gathered weights do not fit {path}: missing {sorted(set(missing) - tied)}, "
                            f"unexpected {sorted(unexpected)}")
