@@ -339,7 +339,8 @@ def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Pa
     rows.append((f"update_fsdp_x{ranks}", seconds, float("nan"),
                  {"weight_difference": difference, "weight_files": len(list((work / "policy_fsdp").glob("model*.safetensors"))),
                   **{key: io[key] for key in ("weight_file_write_seconds", "weight_file_hash_seconds",
-                                              "optimizer_shard_write_seconds", "checkpoint_verify_seconds") if key in io}}))
+                                              "optimizer_shard_write_seconds", "checkpoint_verify_seconds",
+                                              "checkpoint_verify_waited_seconds") if key in io}}))
 
 
 def _note(name: str, seconds: float, metrics: dict) -> str:

@@ -755,7 +755,8 @@ def print_report(report: Report, hw: Hardware, check: bool) -> list[str]:
     rest = total - attribute
     print(f"   predicted step: {total:.1f} s; attribute / (rest of the step) = {attribute / rest:.3f}"
           f" (rest = sample + update = {rest:.1f} s)")
-    io_verdict = print_checkpoint_io(setting, hw, _IO["disk"], _IO["hash"], total)
+    compute = {name.split()[0]: cost.seconds for name, cost in stages.items()}  # sample, attribute, update
+    io_verdict = print_checkpoint_io(setting, hw, _IO["disk"], _IO["hash"], compute)
     update = stages["update"]
     print(f"   update's vocabulary-projection term (predicted): {update.held.get('logits_chunk', 0) / GB:.1f} GB/GPU "
           f"({update_logits_bytes_per_token(setting.shape) / 1e6:.2f} MB per projected position, "
@@ -988,7 +989,8 @@ def _hash_seconds(size: float, files: int, hash_bytes_per_s: float) -> float:
     return size / (min(HASH_THREADS, max(1, files)) * hash_bytes_per_s)
 
 
-def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: float) -> list[tuple[str, float, float]]:
+def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: float,
+                  compute: dict[str, float]) -> list[tuple[str, float, float]]:
     """(term, bytes, seconds) of the checkpoint traffic on one step's critical path, as the code is today.
 
     Saved: weights W = P x bytes of update.save_dtype, in F files of update.weight_file_mb: under FSDP the
@@ -999,8 +1001,9 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
     policy verifies the weight files it reads once: the sampling process for its engines (while they
     load them, so only what outlasts the load is on the critical path), and the
     attribute and update ranks shared out (each file hashed by one rank, ceil(F/R) files each; the update
-    ranks the AdamW files too); the engines' first read comes from disk at `disk_gbps`, the others from
-    the page cache.
+    ranks the AdamW files too), in a background thread beside their own work (distributed.checked_beside:
+    only what outlasts `compute[stage]`, the stage's predicted seconds, is on the critical path); the
+    engines' first read comes from disk at `disk_gbps`, the others from the page cache.
     The disk is taken as `disk_gbps` per writer: ranks writing at once are not slowed by each other (a
     parallel file system or a disk per GPU pair; a node with one disk for all is slower: see the note).
     The canary needs no copy of the model (its reference travels with the checkpoint) and the engines are
@@ -1040,16 +1043,23 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
         return _hash_seconds(files * W / weight_files, files, hashing)
 
     if attribute_ranks:
-        terms.append((f"{attribute_ranks} attribute ranks load the weights, verified shared out", W,
-                      shared_out(attribute_ranks)))
-    terms.append((f"{update_ranks} update ranks verify the weights (shared out) and {state} "
-                  f"({'shared out' if sharded else 'rank 0'})", W + O,
-                  shared_out(update_ranks) + _hash_seconds(O / update_ranks if sharded else O, shard_files, hashing)))
+        terms.append((f"{attribute_ranks} attribute ranks verify the weights shared out, beside their scoring", W,
+                      max(0.0, shared_out(attribute_ranks) - compute["attribute"])))
+    if sharded:  # the ranks' share of the weights and the AdamW shards, beside their training
+        update_check = shared_out(update_ranks) + _hash_seconds(O / update_ranks, shard_files, hashing)
+        terms.append((f"{update_ranks} update ranks verify the weights and {state} shared out, beside their "
+                      "training", W + O, max(0.0, update_check - compute["update"])))
+    else:  # the weights beside the training; the AdamW state (every rank reads all of it) before it
+        terms.append((f"{update_ranks} update ranks verify the weights (shared out, beside their training) "
+                      f"and {state} (each rank all of it, before)", W + O,
+                      max(0.0, shared_out(update_ranks) - compute["update"]) + _hash_seconds(O, 1, hashing)))
     return terms
 
 
-def print_checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: float, step_seconds: float) -> str:
-    terms = checkpoint_io(setting, hw, disk_gbps, hash_gbps)
+def print_checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: float,
+                        compute: dict[str, float]) -> str:
+    terms = checkpoint_io(setting, hw, disk_gbps, hash_gbps, compute)
+    step_seconds = sum(compute.values())
     total = sum(seconds for _, _, seconds in terms)
     print(f"   checkpoint I/O per step (predicted; disk {disk_gbps} GB/s per writer, sha256 {hash_gbps} GB/s per "
           "thread; seconds = bytes on the critical path / rate):")

@@ -38,11 +38,13 @@ MASTER_WEIGHTS = "master.safetensors"  # fp32 weights training continues from, w
 SHARDED_OPTIMIZER = "optimizer"  # folder of AdamW shards, one file per FSDP rank (oarctl/sharded_state.py)
 
 
-HASHING = {"files": 0, "bytes": 0, "seconds": 0.0}  # this process's hashing of files it read, so far
+HASHING = {"files": 0, "bytes": 0, "seconds": 0.0,  # this process's hashing of files it read, so far,
+           "waited": 0.0}  # and the seconds it waited for checks that ran beside its work (distributed.SharedCheck)
 WRITE_HASHING = {"files": 0, "bytes": 0, "seconds": 0.0}  # ... and of files it had just written
 READING = {"bytes": 0, "seconds": 0.0}  # this process's checkpoint reads so far (weights, AdamW state)
 _DIGESTS: dict[tuple, str] = {}  # (device, inode, size, mtime_ns) -> sha256 hex
 _COUNTING = threading.Lock()  # files of one checkpoint are hashed in threads
+_HASHING_NOW: dict[tuple, threading.Lock] = {}  # one lock per file key: each file hashed once even when raced
 
 
 def _hash_bytes(path: Path) -> tuple[str, int, float]:
@@ -60,13 +62,16 @@ def sha256_file(path: Path, tally: dict = HASHING) -> str:
     bytes and seconds go to `tally` (HASHING when verifying a read, WRITE_HASHING after a write)."""
     status = os.stat(path)
     key = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
-    if key not in _DIGESTS:
-        digest, size, seconds = _hash_bytes(path)
-        with _COUNTING:
-            tally["files"] += 1
-            tally["bytes"] += size
-            tally["seconds"] += seconds
-        _DIGESTS[key] = digest
+    with _COUNTING:
+        hashing = _HASHING_NOW.setdefault(key, threading.Lock())
+    with hashing:  # a file two threads want (a background check and a reader) is hashed by one of them
+        if key not in _DIGESTS:
+            digest, size, seconds = _hash_bytes(path)
+            with _COUNTING:
+                tally["files"] += 1
+                tally["bytes"] += size
+                tally["seconds"] += seconds
+            _DIGESTS[key] = digest
     return _DIGESTS[key]
 
 

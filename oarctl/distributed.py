@@ -11,7 +11,10 @@ On CPU the ranks talk over gloo (accelerate's `cpu=True`), on GPUs over NCCL, on
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 
 import torch
 
@@ -111,28 +114,64 @@ def on_rank_zero(state, read):
 def raise_on_every_rank(problem: str | None, state) -> None:
     """Raise OarError(the first rank's problem) on every rank when any rank has one (call on every rank),
     so no rank waits forever in the next collective."""
-    problems = [None] * world_size(state)
-    torch.distributed.all_gather_object(problems, problem)
+    problems = [problem]
+    if world_size(state) > 1:  # else no process group may exist (one process, bf16 under an Accelerator)
+        problems = [None] * world_size(state)
+        torch.distributed.all_gather_object(problems, problem)
     first = next((p for p in problems if p is not None), None)
     if first is not None:
         raise OarError(first)
 
 
-def verify_shared_out(directory, names: list[str], state) -> None:
-    """Every rank checks names[rank::ranks] of a checkpoint against its checkpoint.json, so each file is
-    hashed once over all the ranks that read them; a problem any rank finds is raised on every rank.
-    Call on every rank, before any of them uses the files."""
-    from pathlib import Path
+class SharedCheck:
+    """This rank's share of some checkpoints' files (every ranks-th file of them all, so each file is
+    hashed by one rank in all), checked against their checkpoint.json in a background thread, while
+    the rank reads and computes with them (hashlib releases the GIL)."""
 
-    from oarctl.checkpoints import verify_checkpoint
+    def __init__(self, files: dict, state):
+        from pathlib import Path
 
-    mine = set(names[rank(state)::world_size(state)])
+        everything = [(Path(directory), name) for directory, names in files.items() for name in names]
+        self.mine = everything[rank(state)::world_size(state)]
+        self.state, self._problem = state, None
+        self._thread = threading.Thread(target=self._check, daemon=True)  # a killed rank does not wait for it
+        self._thread.start()
+
+    def _check(self) -> None:
+        from oarctl.checkpoints import verify_checkpoint
+
+        try:
+            for directory in dict.fromkeys(directory for directory, _ in self.mine):
+                names = {name for folder, name in self.mine if folder == directory}
+                verify_checkpoint(directory, lambda name: name in names)
+        except OarError as error:
+            self._problem = str(error)
+
+    def problem(self) -> str | None:
+        """What this rank found (waits for its hashing to end; the wait is counted in HASHING["waited"])."""
+        from oarctl.checkpoints import HASHING
+
+        started = time.perf_counter()
+        self._thread.join()
+        HASHING["waited"] += time.perf_counter() - started
+        return self._problem
+
+
+@contextlib.contextmanager
+def checked_beside(files: dict, state):
+    """Verify {checkpoint folder: recorded names} shared out over the ranks while the body uses them, and
+    settle before the body's results leave it: on leaving, a problem any rank found is raised on every
+    rank, so nothing is written from a file that failed its check (call on every rank). When the body
+    fails first (a truncated file may fail to load), this rank's finding is raised instead: it says why."""
+    check = SharedCheck(files, state)
     try:
-        verify_checkpoint(Path(directory), lambda name: name in mine)
-        problem = None
-    except OarError as error:
-        problem = str(error)
-    raise_on_every_rank(problem, state)
+        yield
+    except Exception:
+        found = check.problem()
+        if found is not None:
+            raise OarError(found) from None
+        raise
+    raise_on_every_rank(check.problem(), state)
 
 
 def gather_to_rank_zero(value, state) -> list | None:

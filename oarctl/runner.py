@@ -209,11 +209,13 @@ def _write_outputs(stage, result: StageOutput, output: Path) -> tuple[str, dict]
 
 
 def _load_io(hashed: dict, read: dict) -> dict:
-    """Checkpoint bytes this process read and verified while the stage ran, and the seconds."""
+    """Checkpoint bytes this process read and verified while the stage ran, and the seconds (of the
+    verification, those it waited for when it ran beside the work: the rest was hidden)."""
     return {"checkpoint_bytes_read": READING["bytes"] - read["bytes"],
             "checkpoint_read_seconds": round(READING["seconds"] - read["seconds"], 3),
             "checkpoint_bytes_verified": HASHING["bytes"] - hashed["bytes"],
-            "checkpoint_verify_seconds": round(HASHING["seconds"] - hashed["seconds"], 3)}
+            "checkpoint_verify_seconds": round(HASHING["seconds"] - hashed["seconds"], 3),
+            "checkpoint_verify_waited_seconds": round(HASHING["waited"] - hashed["waited"], 3)}
 
 
 def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path], output: Path,

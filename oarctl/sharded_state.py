@@ -16,7 +16,7 @@ oarctl.checkpoints and scattered by FSDP itself (oarctl/stages/update.py).
 
 Each rank hashes the file it wrote (sha256, while its bytes are still in the page cache) and rank 0
 records all digests in checkpoint.json; at load, the files are verified once in all, shared out over
-the ranks.
+the ranks, beside the load and the training (distributed.checked_beside).
 """
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def _set_sharded_weights(model, weights: dict) -> None:
 
 def load_shards(model, optimizer, checkpoint: Path, step_scalars: dict) -> None:
     """Fill this rank's FSDP optimizer shards from checkpoint/optimizer/, whatever rank count wrote it
-    (call on every rank, after `prepare`). The files were verified before (distributed.verify_shared_out)."""
+    (call on every rank, after `prepare`). The files are checked beside (distributed.checked_beside)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     state = _sharded_optimizer_state(model, optimizer)  # initialises AdamW's state: the shapes to fill

@@ -376,6 +376,49 @@ def test_a_process_verifies_what_it_reads(settings, rollouts, tmp_path, tiny_pol
                   log=quiet)
 
 
+def _recorded_folder(folder, contents: dict[str, bytes]):
+    """A folder of files and the checkpoint.json that records their sha256."""
+    folder.mkdir()
+    for name, data in contents.items():
+        (folder / name).write_bytes(data)
+    (folder / "checkpoint.json").write_text(json.dumps({"files": {n: sha256(folder / n) for n in contents}}))
+    return folder
+
+
+def test_a_check_beside_the_work_settles_before_the_results_leave(tmp_path):
+    """distributed.checked_beside: the body runs while the files are hashed; a modified file is refused
+    when the body is done (so its results are never written), and when the body fails first (a load
+    error), the check's finding replaces that error. Each file is hashed once, even when the body verifies
+    the same files itself at the same time."""
+    from oarctl.checkpoints import HASHING, verify_checkpoint
+    from oarctl.distributed import checked_beside
+
+    contents = {f"part-{i}.bin": os.urandom(1 << 20) for i in range(4)}
+    good = _recorded_folder(tmp_path / "good", contents)
+    before = dict(HASHING)
+    with checked_beside({good: sorted(contents)}, None):
+        verify_checkpoint(good)  # the body reads (and verifies) the same files meanwhile
+    assert HASHING["files"] - before["files"] == len(contents)
+    assert HASHING["bytes"] - before["bytes"] == sum(map(len, contents.values()))
+
+    bad = _recorded_folder(tmp_path / "bad", contents)
+    data = bytearray(contents["part-2.bin"])
+    data[7] ^= 1
+    (bad / "part-2.bin").write_bytes(bytes(data))
+    ran = []
+    with pytest.raises(OarError, match="part-2.bin does not match its recorded hash"):
+        with checked_beside({bad: sorted(contents)}, None):
+            ran.append("body")
+    assert ran == ["body"]  # the body ran to its end, then the check refused its results
+    (bad / "part-2.bin").write_bytes(bytes(data[:100]))  # now truncated: say so, not the body's own error
+    with pytest.raises(OarError, match="part-2.bin does not match its recorded hash"):
+        with checked_beside({bad: sorted(contents)}, None):
+            raise ValueError("cannot parse part-2.bin")
+    with pytest.raises(ValueError, match="cannot parse"):  # nothing found: the body's error stands
+        with checked_beside({good: sorted(contents)}, None):
+            raise ValueError("cannot parse")
+
+
 def test_weight_file_plan_fills_files_in_name_order():
     """80-byte files: a (40) + b (30) fit; c (50) would pass 80, so it starts file 2 with d (10); e (200)
     is over the limit alone and gets its own file. Under 1 MB all is one model.safetensors."""

@@ -174,7 +174,8 @@ def test_checkpoint_io_counts_every_loading_process():
     assert scale.FILES_PER_RANK == sharded_state.FILES_PER_RANK
     setting = _setting("configs/qwen2.5-7b/oar-g.yaml")  # FSDP over 8 ranks, model.safetensors in bfloat16
     P = scale.parameters(setting.shape)
-    terms = {name: (size, seconds) for name, size, seconds in scale.checkpoint_io(setting, HW, 3.0, 1.0)}
+    idle = {"attribute": 0.0, "update": 0.0}  # no compute to hide the ranks' checks behind
+    terms = {name: (size, seconds) for name, size, seconds in scale.checkpoint_io(setting, HW, 3.0, 1.0, idle)}
     state = 8 * P + 4 * P  # AdamW moments and the fp32 weights, each rank writing an eighth
     assert terms["AdamW + fp32 weights: 8 rank(s) write their share at once"] == (
         state, pytest.approx(state / 8 / (3.0 * scale.GB)))
@@ -186,9 +187,17 @@ def test_checkpoint_io_counts_every_loading_process():
         2 * P, pytest.approx(4 * 2 * P / files / (3.0 * scale.GB)))
     assert terms["weights: each writer hashes its files (up to 4)"][1] == pytest.approx(4 * 2 * P / files / (4 * scale.GB))
     # the attribute ranks share the hashing out: 4 of the 31 files each, hashed in 4 threads
-    assert terms["8 attribute ranks load the weights, verified shared out"] == (
-        2 * P, pytest.approx(4 * 2 * P / files / (4 * scale.GB)))
+    checked = "8 attribute ranks verify the weights shared out, beside their scoring"
+    assert terms[checked] == (2 * P, pytest.approx(4 * 2 * P / files / (4 * scale.GB)))
+    # the update ranks: their 4 weight files and an eighth of the state in 8 files, hashed in threads
+    update_check = 4 * 2 * P / files / (4 * scale.GB) + state / 8 / (8 * scale.GB)
+    checked_update = "8 update ranks verify the weights and AdamW + fp32 weights shared out, beside their training"
+    assert terms[checked_update] == (2 * P + state, pytest.approx(update_check))
+    # beside compute, only what outlasts it is on the critical path
+    busy = {name: (size, seconds) for name, size, seconds in scale.checkpoint_io(
+        setting, HW, 3.0, 1.0, {"attribute": 0.25, "update": 60.0})}
+    assert busy[checked][1] == pytest.approx(terms[checked][1] - 0.25) and busy[checked_update][1] == 0.0
     # the engines' load from disk (2P / 3 GB/s) outlasts the check beside it (2P / (8 x 1 GB/s)): 0 s
     assert terms["the sampling process verifies them for its 8 engine(s), beside the load"] == (2 * P, 0.0)
     uniform = _setting("configs/qwen2.5-7b/grpo.yaml")
-    assert not any("attribute" in name for name, _, _ in scale.checkpoint_io(uniform, HW, 3.0, 1.0))
+    assert not any("attribute" in name for name, _, _ in scale.checkpoint_io(uniform, HW, 3.0, 1.0, idle))

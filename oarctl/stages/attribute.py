@@ -18,6 +18,7 @@ Noise seeds follow the table row (`Rollout.row`), not the rank.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -27,7 +28,7 @@ from oarctl.attribution import ATTRIBUTION_METHODS
 from oarctl.attribution.oar import segment_rows
 from oarctl.attribution.rows import outcome_mode, rows_to_score, span_columns
 from oarctl.checkpoints import loaded_files
-from oarctl.distributed import deal, gather_to_rank_zero, process_state, rank, verify_shared_out, world_size
+from oarctl.distributed import checked_beside, deal, gather_to_rank_zero, process_state, rank, world_size
 from oarctl.runner import StageContext, StageOutput
 
 VERSION = "2"
@@ -46,12 +47,20 @@ def rows_of_rank(verified, rows: list[int], ranks: int, index: int) -> list[int]
 
 def _on_rank_device(context: StageContext, state) -> StageContext:
     """Under a launcher every rank loads its own copy on its own device, whatever policy.device says;
-    the ranks check its files first, each its share (call on every rank)."""
+    the ranks check its files beside (_checked_policy)."""
     if state is None:
         return context
-    verify_shared_out(context.policy.path, loaded_files(context.policy.path), state)
     policy = dataclasses.replace(context.policy, device=str(state.device), verified=True, _loaded=None)
     return dataclasses.replace(context, policy=policy)
+
+
+def _checked_policy(context: StageContext, state):
+    """Under a launcher the ranks verify the policy's files shared out (each file hashed by one rank),
+    beside loading and scoring, and settle before the scores go to rank 0 (call on every rank). One plain
+    process verifies as it loads instead."""
+    if state is None:
+        return contextlib.nullcontext()
+    return checked_beside({context.policy.path: loaded_files(context.policy.path)}, state)
 
 
 def _score(method, rollouts, verified, rows: list[int], config, context) -> dict[int, np.ndarray]:
@@ -74,8 +83,9 @@ def run(inputs, config, context: StageContext) -> StageOutput:
                          config.skip_uniform_groups)
     state = process_state()  # None without a launcher
     mine = rows_of_rank(verified, rows, world_size(state), rank(state))
-    parts = gather_to_rank_zero(_score(method, rollouts, verified, mine, config, _on_rank_device(context, state)),
-                                state)
+    with _checked_policy(context, state):
+        scored = _score(method, rollouts, verified, mine, config, _on_rank_device(context, state))
+    parts = gather_to_rank_zero(scored, state)
     metrics = {"method": config.method, "probe_fraction": sum(r.segments.uses_probe for r in rollouts) / len(rollouts),
                "scored_fraction": len(rows) / len(rollouts)}
     if parts is None:  # not rank 0: it writes

@@ -48,8 +48,8 @@ from oarctl.batching import loss_share, pad_plan, plan_step
 from oarctl.checkpoints import (OPTIMIZER_STATE, OPTIMIZER_TENSORS, SHARDED_OPTIMIZER, load_master, load_optimizer,
                                 load_policy, loaded_files, read_optimizer_state, read_scalars, weight_file_plan,
                                 write_weight_files, write_weight_index)
-from oarctl.distributed import (deepspeed, fsdp, gather_to_rank_zero, make_accelerator, on_rank_zero,
-                                raise_on_every_rank, sharded, verify_shared_out)
+from oarctl.distributed import (checked_beside, deepspeed, fsdp, gather_to_rank_zero, make_accelerator,
+                                on_rank_zero, raise_on_every_rank, sharded)
 from oarctl.errors import OarError
 from oarctl.losses import policy_loss
 from oarctl.policy.logprobs import model_device, pad_rows, response_token_stats
@@ -206,9 +206,7 @@ def _load_fsdp_optimizer(model, optimizer, names: list[str], shapes: dict, direc
 
 
 def _load_sharded_optimizer(model, optimizer, directory: Path, accelerator) -> None:
-    """Every rank verifies its share of the shard files and optimizer.json (each file hashed once in all),
-    then reads the slices of its own parameters."""
-    verify_shared_out(directory, [*sharded_state.shard_files(directory), OPTIMIZER_STATE], accelerator)
+    """Every rank reads the slices of its own parameters (the files are checked beside: _checked_inputs)."""
     scalars = on_rank_zero(accelerator, lambda: read_scalars(directory))
     shared = [scalars]
     torch.distributed.broadcast_object_list(shared, src=0)  # numbers only: {"PARAMETER::step": float}
@@ -367,16 +365,29 @@ def _load(policy, accelerator, trained: bool = True):
     their slices of sharded ones after `prepare`; the KL reference is not sharded: it reads them whole)."""
     if accelerator is None:
         model, tokenizer = policy.load()
-    else:  # every rank reads the weights; each hashes its share of the files (each file once in all)
-        verify_shared_out(policy.path, loaded_files(policy.path), accelerator)
+    else:  # every rank reads the weights; each hashes its share of the files beside (_checked_inputs)
         model, tokenizer = load_policy(policy.path, "cpu", verified=True)
     load_master(model, policy.path, shards=not (trained and fsdp(accelerator)))
     return model, tokenizer
 
 
-def run(inputs, config, context: StageContext) -> StageOutput:
-    rows = inputs["advantages"].select(COLUMNS).to_pylist()
-    accelerator = make_accelerator(config.bf16)
+def _checked_inputs(context: StageContext, accelerator):
+    """Under a launcher the ranks verify what they read shared out (each file hashed by one rank in all),
+    beside loading and training, and settle before anything is written: the weights and configs of the
+    policy (and of the KL reference), and under FSDP the AdamW shards and their step counts. One plain
+    process verifies as it loads instead (load_policy, read_optimizer_state)."""
+    if accelerator is None:
+        return contextlib.nullcontext()
+    files = {context.policy.path: loaded_files(context.policy.path)}
+    if fsdp(accelerator) and (context.policy.path / SHARDED_OPTIMIZER).is_dir():
+        files[context.policy.path] += [*sharded_state.shard_files(context.policy.path), OPTIMIZER_STATE]
+    if context.reference is not None and context.reference.path != context.policy.path:
+        files[context.reference.path] = loaded_files(context.reference.path)
+    return checked_beside(files, accelerator)
+
+
+def _train(rows: list[dict], config, context: StageContext, accelerator):
+    """(model, tokenizer, optimizer, parameter names, one log entry per optimizer step)."""
     model, tokenizer = _load(context.policy, accelerator)
     reference = _load(context.reference, accelerator, trained=False)[0].eval() if context.reference is not None else None
     steps = _mini_batches(rows, config, context)
@@ -391,6 +402,14 @@ def run(inputs, config, context: StageContext) -> StageOutput:
                     **_optimizer_step(model, optimizer, reference, mini, plan, config, tokenizer.pad_token_id,
                                       accelerator, scale)})
     model.eval()
+    return model, tokenizer, optimizer, names, log
+
+
+def run(inputs, config, context: StageContext) -> StageOutput:
+    rows = inputs["advantages"].select(COLUMNS).to_pylist()
+    accelerator = make_accelerator(config.bf16)
+    with _checked_inputs(context, accelerator):
+        model, tokenizer, optimizer, names, log = _train(rows, config, context, accelerator)
     table = make_table({key: [entry[key] for entry in log] for key in log[0]}, "update_log")
     metrics = {key: float(np.mean([entry[key] for entry in log])) for key in log[0] if key not in ("optimizer_step", "epoch")}
     return StageOutput(table, metrics, trained=_trained(model, tokenizer, optimizer, names, config, context, accelerator))
