@@ -18,7 +18,10 @@ off); what is measured is cost, not learning.
 After the step's update in this process, the same update runs again under `accelerate launch` with
 configs/accelerate/fsdp.yaml over every visible GPU (--tiny: cpu-fsdp-2proc.yaml, two CPU ranks),
 as `oarctl run` does with update.accelerate_config, and the largest weight difference between the
-two checkpoints is printed (its peak memory is the launched processes', not measured here).
+two checkpoints is printed (its peak memory is the launched processes', not measured here). fsdp.yaml
+loads on rank 0 only (fsdp_cpu_ram_efficient_loading: the other ranks start from the meta device and
+FSDP's sync_module_states broadcasts the weights, a path CPU FSDP refuses): a wrong broadcast shows
+as a large weight difference.
 
 Part `twostep` (issue 15): one RL step (sample, verify, attribute oar_g, reshape, update), then the
 next on the checkpoint that update wrote, in this process as `oarctl run` chains them: after each

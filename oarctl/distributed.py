@@ -30,23 +30,49 @@ def _fsdp_requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
+_RAM_EFFICIENT = "FSDP_CPU_RAM_EFFICIENT_LOADING"
+_SYNC_STATES = "FSDP_SYNC_MODULE_STATES"
+
+
 def make_accelerator(bf16: bool = False):
     """None for a plain single process without bf16 (the bytes of a plain PyTorch loop); else an Accelerator."""
     if not (launched() or bf16):
         return None
     from accelerate import Accelerator
 
-    # without CUDA, ask for CPU: processes started by the MULTI_GPU launcher then use gloo
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="bf16" if bf16 else None)
-    if not torch.cuda.is_available() and _fsdp_requested():
-        keep_fsdp_on_cpu(accelerator)
+    if torch.cuda.is_available():
+        return Accelerator(mixed_precision="bf16" if bf16 else None)
+    # without CUDA, ask for CPU: processes started by the MULTI_GPU launcher then use gloo. accelerate
+    # refuses sync_module_states (which ram-efficient loading needs) on CPU: set it up here instead
+    ram_efficient = _fsdp_requested() and os.environ.get(_RAM_EFFICIENT, "false").lower() == "true"
+    with _environment({_RAM_EFFICIENT: "false", _SYNC_STATES: "false"} if ram_efficient else {}):
+        accelerator = Accelerator(cpu=True, mixed_precision="bf16" if bf16 else None)
+        if _fsdp_requested():
+            keep_fsdp_on_cpu(accelerator, ram_efficient)
     return accelerator
 
 
-def keep_fsdp_on_cpu(accelerator) -> None:
+@contextlib.contextmanager
+def _environment(values: dict):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def keep_fsdp_on_cpu(accelerator, ram_efficient: bool = False) -> None:
     """accelerate quietly turns an FSDP launch without CUDA into DDP (MULTI_CPU), though torch's FSDP runs
     on CPU with gloo: switch its state back, so cpu-fsdp-2proc.yaml (the tests) runs the code of a GPU FSDP
-    run. The device must be plain `cpu`: FSDP refuses device_id `cpu:0` for parameters on `cpu`."""
+    run. The device must be plain `cpu`: FSDP refuses device_id `cpu:0` for parameters on `cpu`.
+    `ram_efficient`: as fsdp_cpu_ram_efficient_loading on GPUs, the ranks other than 0 build the model on
+    the meta device and FSDP materialises their shards empty; FSDP refuses sync_module_states on CPU, so
+    the update broadcasts rank 0's weights into them after `prepare` (broadcast_rank_zero_weights)."""
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
@@ -54,8 +80,33 @@ def keep_fsdp_on_cpu(accelerator) -> None:
         raise OarError("FSDP without CUDA (cpu-fsdp-2proc.yaml) runs in fp32 only: set update.bf16=false")
     state = accelerator.state
     state.fsdp_plugin = FullyShardedDataParallelPlugin()  # read from the launcher's FSDP_* variables
+    if ram_efficient:
+        state.fsdp_plugin.cpu_ram_efficient_loading = True
+        state.fsdp_plugin.param_init_fn = lambda module: module.to_empty(device=torch.device("cpu"), recurse=False)
     state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     state.device = PartialState._shared_state["device"] = torch.device("cpu")
+
+
+def loads_on_rank_zero_only(accelerator) -> bool:
+    """FSDP with fsdp_cpu_ram_efficient_loading: rank 0 reads the weights, the other ranks build the model on
+    the meta device, and rank 0's weights are broadcast into their shards: by FSDP itself on GPUs
+    (sync_module_states), by broadcast_rank_zero_weights on CPU."""
+    return fsdp(accelerator) and bool(getattr(accelerator.state.fsdp_plugin, "cpu_ram_efficient_loading", False))
+
+
+def broadcasts_after_prepare(accelerator) -> bool:
+    """Ranks loaded on rank 0 only, where FSDP does not broadcast the weights itself (CPU)."""
+    return loads_on_rank_zero_only(accelerator) and not accelerator.state.fsdp_plugin.sync_module_states
+
+
+def broadcast_rank_zero_weights(model, weights: dict, accelerator) -> None:
+    """Put rank 0's full `weights` (its state dict from before `prepare`; {} on the other ranks) into every
+    rank's FSDP shards, one tensor at a time, and its buffers (call on every rank, after `prepare`)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for buffer in accelerator.unwrap_model(model).buffers():  # not sharded; some (rotary) are not in `weights`
+        torch.distributed.broadcast(buffer, src=0)
 
 
 def _distributed_type(accelerator, name: str) -> bool:

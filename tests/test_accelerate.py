@@ -114,6 +114,8 @@ def test_two_processes_train_the_weights_of_one(first_update, batch, tiny_policy
     (single, _), (double, launched) = first_update(None), first_update(config)
     assert launched.stdout.count(f"update: wrote {double}") == 2  # both ranks ran the stage
     assert ("update: FullyShardedDataParallel over 2 ranks" in launched.stderr) == ("fsdp" in config)
+    # fsdp_cpu_ram_efficient_loading: only rank 0 read the weights; rank 1 started from the meta device
+    assert ("update: rank 1 built the policy on the meta device" in launched.stderr) == ("fsdp" in config)
 
     initial = load_file(tiny_policy / "model.safetensors")
     one, two = load_file(single / "model.safetensors"), load_file(double / "model.safetensors")
