@@ -136,7 +136,9 @@ def test_two_processes_train_the_weights_of_one(first_update, batch, tiny_policy
     # weights, so they depend on how rows are cut; these do not
     for name in ("loss", "pg_loss", "kl", "tokens", "grad_norm"):
         assert log_two[name].to_pylist() == pytest.approx(log_one[name].to_pylist(), rel=1e-4, abs=1e-6), name
-    assert (batch["folder"] / f"{double.name}.manifest.json").exists()
+    metrics = json.loads((batch["folder"] / f"{double.name}.manifest.json").read_text())["metrics"]
+    for rank in ("rank0", "other_ranks"):  # each rank's peak host memory, once loaded and over the stage
+        assert 0 < metrics[f"host_load_peak_rss_mb_{rank}"] <= metrics[f"host_peak_rss_mb_{rank}"]
     assert not list(batch["folder"].glob(f".{double.name}*"))  # rank 1 wrote no temporary
 
 

@@ -413,12 +413,14 @@ def _checked_inputs(context: StageContext, accelerator):
 
 
 def _train(rows: list[dict], config, context: StageContext, accelerator):
-    """(model, tokenizer, optimizer, parameter names, one log entry per optimizer step)."""
+    """(model, tokenizer, optimizer, parameter names, one log entry per optimizer step, this process's peak
+    host memory once the model and optimizer are loaded and prepared)."""
     model, tokenizer = _load(context.policy, accelerator)
     reference = _load(context.reference, accelerator, trained=False)[0].eval() if context.reference is not None else None
     steps = _mini_batches(rows, config, context)
     plans, accumulation = _plans(steps, config, accelerator)
     model, reference, optimizer, names = _prepare(model, reference, config, context, accelerator, accumulation)
+    loaded_peak = _peak_rss_mb()
     scale = accumulation * accelerator.num_processes if accelerator is not None else 1
     model.train()
     log = []
@@ -428,14 +430,34 @@ def _train(rows: list[dict], config, context: StageContext, accelerator):
                     **_optimizer_step(model, optimizer, reference, mini, plan, config, tokenizer.pad_token_id,
                                       accelerator, scale)})
     model.eval()
-    return model, tokenizer, optimizer, names, log
+    return model, tokenizer, optimizer, names, log, loaded_peak
 
 
 def run(inputs, config, context: StageContext) -> StageOutput:
     rows = inputs["advantages"].select(COLUMNS).to_pylist()
     accelerator = make_accelerator(config.bf16)
     with _checked_inputs(context, accelerator):
-        model, tokenizer, optimizer, names, log = _train(rows, config, context, accelerator)
+        model, tokenizer, optimizer, names, log, loaded_peak = _train(rows, config, context, accelerator)
     table = make_table({key: [entry[key] for entry in log] for key in log[0]}, "update_log")
     metrics = {key: float(np.mean([entry[key] for entry in log])) for key in log[0] if key not in ("optimizer_step", "epoch")}
-    return StageOutput(table, metrics, trained=_trained(model, tokenizer, optimizer, names, config, context, accelerator))
+    trained = _trained(model, tokenizer, optimizer, names, config, context, accelerator)
+    memory = {**_per_rank("host_load_peak_rss_mb", loaded_peak, accelerator),
+              **_per_rank("host_peak_rss_mb", _peak_rss_mb(), accelerator)}
+    return StageOutput(table, {**metrics, **memory}, trained=trained)
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident host memory so far, MB (Linux reports KB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _per_rank(name: str, value: float, accelerator) -> dict:
+    """{NAME_rank0, NAME_other_ranks (the largest; under a launcher)} on rank 0, {} on the others: what the
+    node's RAM must hold per rank (call on every rank)."""
+    values = gather_to_rank_zero(value, accelerator)
+    if values is None:
+        return {}
+    return {f"{name}_rank0": round(values[0], 1),
+            **({f"{name}_other_ranks": round(max(values[1:]), 1)} if len(values) > 1 else {})}
