@@ -71,8 +71,8 @@ def keep_fsdp_on_cpu(accelerator, ram_efficient: bool = False) -> None:
     on CPU with gloo: switch its state back, so cpu-fsdp-2proc.yaml (the tests) runs the code of a GPU FSDP
     run. The device must be plain `cpu`: FSDP refuses device_id `cpu:0` for parameters on `cpu`.
     `ram_efficient`: as fsdp_cpu_ram_efficient_loading on GPUs, the ranks other than 0 build the model on
-    the meta device and FSDP materialises their shards empty; FSDP refuses sync_module_states on CPU, so
-    the update broadcasts rank 0's weights into them after `prepare` (broadcast_rank_zero_weights)."""
+    the meta device; FSDP refuses sync_module_states on CPU, so the update broadcasts rank 0's weights
+    into them before `prepare` (receive_rank_zero_weights)."""
     from accelerate.state import PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
@@ -80,33 +80,38 @@ def keep_fsdp_on_cpu(accelerator, ram_efficient: bool = False) -> None:
         raise OarError("FSDP without CUDA (cpu-fsdp-2proc.yaml) runs in fp32 only: set update.bf16=false")
     state = accelerator.state
     state.fsdp_plugin = FullyShardedDataParallelPlugin()  # read from the launcher's FSDP_* variables
-    if ram_efficient:
-        state.fsdp_plugin.cpu_ram_efficient_loading = True
-        state.fsdp_plugin.param_init_fn = lambda module: module.to_empty(device=torch.device("cpu"), recurse=False)
+    state.fsdp_plugin.cpu_ram_efficient_loading = ram_efficient
     state.distributed_type = PartialState._shared_state["distributed_type"] = DistributedType.FSDP
     state.device = PartialState._shared_state["device"] = torch.device("cpu")
 
 
+def every_rank_reads():
+    """transformers' from_pretrained, under fsdp_cpu_ram_efficient_loading, gives every rank but the first
+    zeros in place of the weights (FSDP is to broadcast them): for a model every rank must read itself
+    (the KL reference, never sharded), turn that off around the load."""
+    return _environment({_RAM_EFFICIENT: "false"})
+
+
 def loads_on_rank_zero_only(accelerator) -> bool:
     """FSDP with fsdp_cpu_ram_efficient_loading: rank 0 reads the weights, the other ranks build the model on
-    the meta device, and rank 0's weights are broadcast into their shards: by FSDP itself on GPUs
-    (sync_module_states), by broadcast_rank_zero_weights on CPU."""
+    the meta device, and rank 0's weights are broadcast to them: by FSDP itself on GPUs
+    (sync_module_states), by receive_rank_zero_weights on CPU."""
     return fsdp(accelerator) and bool(getattr(accelerator.state.fsdp_plugin, "cpu_ram_efficient_loading", False))
 
 
-def broadcasts_after_prepare(accelerator) -> bool:
-    """Ranks loaded on rank 0 only, where FSDP does not broadcast the weights itself (CPU)."""
-    return loads_on_rank_zero_only(accelerator) and not accelerator.state.fsdp_plugin.sync_module_states
-
-
-def broadcast_rank_zero_weights(model, weights: dict, accelerator) -> None:
-    """Put rank 0's full `weights` (its state dict from before `prepare`; {} on the other ranks) into every
-    rank's FSDP shards, one tensor at a time, and its buffers (call on every rank, after `prepare`)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    for buffer in accelerator.unwrap_model(model).buffers():  # not sharded; some (rotary) are not in `weights`
-        torch.distributed.broadcast(buffer, src=0)
+def receive_rank_zero_weights(model, accelerator) -> None:
+    """Where FSDP does not broadcast the weights itself (on CPU it refuses sync_module_states): the ranks
+    built on the meta device allocate theirs, and every parameter and buffer is broadcast from rank 0,
+    one tensor at a time (call on every rank, before the optimizer is made: `to_empty` gives the parameters
+    new objects; and before `prepare`: they are whole models until then)."""
+    if not loads_on_rank_zero_only(accelerator) or accelerator.state.fsdp_plugin.sync_module_states:
+        return
+    if not accelerator.is_main_process:
+        model.to_empty(device=torch.device("cpu"))
+        model.tie_weights()  # to_empty gives the parameters new objects: tie the output layer again
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:  # the same order on every rank; tied ones once
+            torch.distributed.broadcast(tensor, src=0)
 
 
 def _distributed_type(accelerator, name: str) -> bool:

@@ -142,6 +142,23 @@ def test_two_processes_train_the_weights_of_one(first_update, batch, tiny_policy
     assert not list(batch["folder"].glob(f".{double.name}*"))  # rank 1 wrote no temporary
 
 
+def test_fsdp_with_a_kl_reference_trains_the_weights_of_one_process(batch, tiny_policy, tmp_path):
+    """update.kl_coef > 0: every rank holds the whole KL reference (the run's initial policy), read from disk
+    even where only rank 0 reads the policy being trained (transformers would give the other ranks zeros
+    under fsdp_cpu_ram_efficient_loading). FSDP on 2 ranks = one process."""
+    document = yaml.safe_load(batch["config"].read_text())
+    document["update"] = {**document["update"], "kl_coef": 0.5}
+    (tmp_path / "kl.yaml").write_text(yaml.safe_dump(document))
+    with_kl = {**batch, "config": tmp_path / "kl.yaml"}
+    _update(with_kl, tiny_policy, tmp_path / "plain")
+    launched = _launch_update(with_kl, tiny_policy, tmp_path / "fsdp", "cpu-fsdp-2proc")
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    one, two = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / "fsdp" / "model.safetensors")
+    assert _max_difference(one, two) < 1e-5  # 3.9e-3 when rank 1's reference was zeros
+    for log in (pq.read_table(tmp_path / name / "update.parquet")["kl"].to_pylist() for name in ("plain", "fsdp")):
+        assert log[0] == 0 < log[1]  # the second optimizer step starts away from the reference: the KL term acts
+
+
 def _moments(policy: Path) -> dict:
     """{"PARAMETER::exp_avg": whole tensor, ...} of a checkpoint, from either form (one file or FSDP shards)."""
     from oarctl.checkpoints import read_optimizer_state

@@ -25,7 +25,7 @@ tensors as they are (no second read of the checkpoint, no second copy); the KL r
 replicated, not sharded.
 Loading under FSDP with fsdp_cpu_ram_efficient_loading (fsdp.yaml, cpu-fsdp-2proc.yaml): rank 0 reads
 the policy, the other ranks build it on the meta device and get rank 0's weights by broadcast (FSDP's
-sync_module_states on GPUs; on CPU, where FSDP refuses it, distributed.broadcast_rank_zero_weights).
+sync_module_states on GPUs; on CPU, where FSDP refuses it, distributed.receive_rank_zero_weights).
 AdamW state under FSDP: every rank writes its own shard of the moments (checkpoint/optimizer/, one
 safetensors file per rank, oarctl/sharded_state.py) in parallel, into the checkpoint's temporary folder
 before rank 0 adds the rest; nothing of it is gathered. Any rank count reads it (DCP reshards), and one
@@ -51,9 +51,9 @@ from oarctl.batching import loss_share, pad_plan, plan_step
 from oarctl.checkpoints import (OPTIMIZER_STATE, OPTIMIZER_TENSORS, SHARDED_OPTIMIZER, load_master, load_optimizer,
                                 load_policy, load_tokenizer, loaded_files, read_optimizer_state, read_scalars,
                                 weight_file_plan, write_weight_files, write_weight_index)
-from oarctl.distributed import (broadcast_rank_zero_weights, broadcasts_after_prepare, checked_beside, deepspeed,
-                                fsdp, gather_to_rank_zero, loads_on_rank_zero_only, make_accelerator, on_rank_zero,
-                                raise_on_every_rank, sharded)
+from oarctl.distributed import (checked_beside, deepspeed, every_rank_reads, fsdp, gather_to_rank_zero,
+                                loads_on_rank_zero_only, make_accelerator, on_rank_zero, raise_on_every_rank,
+                                receive_rank_zero_weights, sharded)
 from oarctl.errors import OarError
 from oarctl.losses import policy_loss
 from oarctl.policy.logprobs import model_device, pad_rows, response_token_stats
@@ -352,12 +352,7 @@ def _prepare(model, reference, config, context: StageContext, accelerator, accum
     if accelerator is not None:
         accelerator.gradient_accumulation_steps = accumulation
         _configure_deepspeed(accelerator, config, accumulation)
-        broadcast = broadcasts_after_prepare(accelerator)  # else FSDP does it (sync_module_states) or every rank read
-        rank_zero_weights = model.state_dict() if broadcast and accelerator.is_main_process else {}
         model, optimizer = accelerator.prepare(model, optimizer)
-        if broadcast:
-            broadcast_rank_zero_weights(model, rank_zero_weights, accelerator)
-            del rank_zero_weights
         if fsdp(accelerator):
             _load_fsdp_optimizer(model, optimizer, names, shapes, context.policy.path, accelerator)
             if accelerator.is_main_process:  # which wrapper really runs: accelerate can fall back to DDP quietly
@@ -376,11 +371,16 @@ def _load(policy, accelerator, trained: bool = True):
         model, tokenizer = policy.load()
     elif trained and loads_on_rank_zero_only(accelerator) and not accelerator.is_main_process:
         print(f"update: rank {accelerator.process_index} built the policy on the meta device (rank 0 reads the "
-              "weights and they are broadcast into the shards)", file=sys.stderr)
-        return _meta_model(policy.path), load_tokenizer(policy.path)
+              "weights and they are broadcast to the other ranks)", file=sys.stderr)
+        model = _meta_model(policy.path)
+        receive_rank_zero_weights(model, accelerator)  # on CPU; on GPUs FSDP broadcasts them in `prepare`
+        return model, load_tokenizer(policy.path)
     else:  # every rank reads the weights; each hashes its share of the files beside (_checked_inputs)
-        model, tokenizer = load_policy(policy.path, "cpu", verified=True)
+        with every_rank_reads():  # the KL reference under rank-0-only loading: transformers would give zeros
+            model, tokenizer = load_policy(policy.path, "cpu", verified=True)
     load_master(model, policy.path, shards=not (trained and fsdp(accelerator)))
+    if trained and loads_on_rank_zero_only(accelerator):
+        receive_rank_zero_weights(model, accelerator)  # rank 0's side of the broadcast (CPU)
     return model, tokenizer
 
 
