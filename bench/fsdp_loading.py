@@ -11,9 +11,9 @@ once with every rank reading the weights. It prints each run's peak resident mem
 loaded and prepared and over the whole stage (the update manifest's host_load_peak_rss_mb_* and
 host_peak_rss_mb_*), measured, and the largest weight difference between the two checkpoints (they
 must agree: that part carries over). The memory does not: on CPU, FSDP refuses sync_module_states,
-so the update broadcasts rank 0's weights through torch's full-state-dict loader, which holds a
-transient copy on every rank, and every rank later gathers the full weights on CPU to write its
-turn of the weight files. On GPUs FSDP broadcasts unit by unit into GPU memory and the gather is in
+so the other ranks allocate the whole model and receive rank 0's weights by broadcast before FSDP
+shards it (a full copy each, as if they had read it), and every rank later gathers the full weights
+on CPU to write its turn of the weight files. On GPUs FSDP broadcasts unit by unit into GPU memory and the gather is in
 GPU memory too, so there the other ranks skip their fp32 host copy (4 bytes per parameter: 30.5 GB
 each at 7B): predicted, not measured here (bench/gpu_check.py's FSDP row runs that path).
 """
