@@ -367,20 +367,21 @@ def _load(policy, accelerator, trained: bool = True):
     model to its own GPU (policy.device `cuda` would put every rank's full copy on cuda:0). A checkpoint
     saved in 16 bits gets its fp32 weights back (under FSDP from master.safetensors only: the ranks read
     their slices of sharded ones after `prepare`; the KL reference is not sharded: it reads them whole)."""
+    rank_zero_reads = trained and loads_on_rank_zero_only(accelerator)
+    on_meta = rank_zero_reads and not accelerator.is_main_process
     if accelerator is None:
         model, tokenizer = policy.load()
-    elif trained and loads_on_rank_zero_only(accelerator) and not accelerator.is_main_process:
+    elif on_meta:
         print(f"update: rank {accelerator.process_index} built the policy on the meta device (rank 0 reads the "
               "weights and they are broadcast to the other ranks)", file=sys.stderr)
-        model = _meta_model(policy.path)
-        receive_rank_zero_weights(model, accelerator)  # on CPU; on GPUs FSDP broadcasts them in `prepare`
-        return model, load_tokenizer(policy.path)
+        model, tokenizer = _meta_model(policy.path), load_tokenizer(policy.path)
     else:  # every rank reads the weights; each hashes its share of the files beside (_checked_inputs)
         with every_rank_reads():  # the KL reference under rank-0-only loading: transformers would give zeros
             model, tokenizer = load_policy(policy.path, "cpu", verified=True)
-    load_master(model, policy.path, shards=not (trained and fsdp(accelerator)))
-    if trained and loads_on_rank_zero_only(accelerator):
-        receive_rank_zero_weights(model, accelerator)  # rank 0's side of the broadcast (CPU)
+    if not on_meta:
+        load_master(model, policy.path, shards=not (trained and fsdp(accelerator)))
+    if rank_zero_reads:
+        receive_rank_zero_weights(model, accelerator)  # every rank, on CPU; on GPUs FSDP broadcasts in `prepare`
     return model, tokenizer
 
 
