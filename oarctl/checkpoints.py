@@ -39,7 +39,7 @@ SHARDED_OPTIMIZER = "optimizer"  # folder of AdamW shards, one file per FSDP ran
 
 
 HASHING = {"files": 0, "bytes": 0, "seconds": 0.0,  # this process's hashing of files it read, so far,
-           "waited": 0.0}  # and the seconds it waited for checks that ran beside its work (distributed.SharedCheck)
+           "waited": 0.0}  # and the seconds it waited for checks that ran beside its work (BackgroundCheck)
 WRITE_HASHING = {"files": 0, "bytes": 0, "seconds": 0.0}  # ... and of files it had just written
 READING = {"bytes": 0, "seconds": 0.0}  # this process's checkpoint reads so far (weights, AdamW state)
 _DIGESTS: dict[tuple, str] = {}  # (device, inode, size, mtime_ns) -> sha256 hex
@@ -133,6 +133,33 @@ def verify_checkpoint(directory: Path, wanted=lambda name: True) -> None:
     for (name, recorded), actual in zip(expected.items(), sha256_files([directory / n for n in expected])):
         if actual != recorded:
             raise OarError(f"{directory}: checkpoint file {name} does not match its recorded hash (truncated or modified)")
+
+
+class BackgroundCheck:
+    """verify_checkpoint of {checkpoint folder: recorded names}, started now in a thread, while the caller
+    reads and computes with those files (hashlib releases the GIL; reading safetensors or JSON runs no
+    code). The caller must not let anything made from them out before `problem()` said None."""
+
+    def __init__(self, files: dict):
+        self._files = {Path(directory): set(names) for directory, names in files.items()}
+        self._problem = None
+        self._thread = threading.Thread(target=self._check, daemon=True)  # a killed process does not wait for it
+        self._thread.start()
+
+    def _check(self) -> None:
+        try:
+            for directory, names in self._files.items():
+                verify_checkpoint(directory, names.__contains__)
+        except OarError as error:
+            self._problem = str(error)
+
+    def problem(self) -> str | None:
+        """The first file that failed its check, as an error message; None when all passed. Waits for the
+        check to end, and counts the wait in HASHING["waited"]."""
+        started = time.perf_counter()
+        self._thread.join()
+        HASHING["waited"] += time.perf_counter() - started
+        return self._problem
 
 
 def load_tokenizer(directory: str | Path):

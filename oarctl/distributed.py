@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-import time
 
 import torch
 
@@ -179,47 +177,20 @@ def raise_on_every_rank(problem: str | None, state) -> None:
         raise OarError(first)
 
 
-class SharedCheck:
-    """This rank's share of some checkpoints' files (every ranks-th file of them all, so each file is
-    hashed by one rank in all), checked against their checkpoint.json in a background thread, while
-    the rank reads and computes with them (hashlib releases the GIL)."""
-
-    def __init__(self, files: dict, state):
-        from pathlib import Path
-
-        everything = [(Path(directory), name) for directory, names in files.items() for name in names]
-        self.mine = everything[rank(state)::world_size(state)]
-        self.state, self._problem = state, None
-        self._thread = threading.Thread(target=self._check, daemon=True)  # a killed rank does not wait for it
-        self._thread.start()
-
-    def _check(self) -> None:
-        from oarctl.checkpoints import verify_checkpoint
-
-        try:
-            for directory in dict.fromkeys(directory for directory, _ in self.mine):
-                names = {name for folder, name in self.mine if folder == directory}
-                verify_checkpoint(directory, lambda name: name in names)
-        except OarError as error:
-            self._problem = str(error)
-
-    def problem(self) -> str | None:
-        """What this rank found (waits for its hashing to end; the wait is counted in HASHING["waited"])."""
-        from oarctl.checkpoints import HASHING
-
-        started = time.perf_counter()
-        self._thread.join()
-        HASHING["waited"] += time.perf_counter() - started
-        return self._problem
-
-
 @contextlib.contextmanager
 def checked_beside(files: dict, state):
     """Verify {checkpoint folder: recorded names} shared out over the ranks while the body uses them, and
     settle before the body's results leave it: on leaving, a problem any rank found is raised on every
     rank, so nothing is written from a file that failed its check (call on every rank). When the body
-    fails first (a truncated file may fail to load), this rank's finding is raised instead: it says why."""
-    check = SharedCheck(files, state)
+    fails first (a truncated file may fail to load), this rank's finding is raised instead: it says why.
+    Each rank checks every R-th file of them all, so each file is hashed by one rank in all."""
+    from oarctl.checkpoints import BackgroundCheck
+
+    share: dict = {}
+    everything = [(directory, name) for directory, names in files.items() for name in names]
+    for directory, name in everything[rank(state)::world_size(state)]:
+        share.setdefault(directory, []).append(name)
+    check = BackgroundCheck(share)
     try:
         yield
     except Exception:

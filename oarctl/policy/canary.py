@@ -159,21 +159,17 @@ def _weight_file(name: str) -> bool:
 
 def reference_with_weight_check(policy):
     """(reference, check): the canary reference with every file the engines read verified except the
-    weight files, and `check`, a started future that verifies those (None when there is nothing to
-    check). The engines may load the weights meanwhile (reading safetensors runs no code), but nothing
-    may be generated from them before `check.result()` returned: it raises OarError on a bad file."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from oarctl.checkpoints import MANIFEST, verify_checkpoint
+    weight files, and `check`, a started checkpoints.BackgroundCheck of those (None when there is
+    nothing to check). The engines may load the weights meanwhile (reading safetensors runs no code),
+    but nothing may be generated from them before `check.problem()` said None."""
+    from oarctl.checkpoints import MANIFEST, BackgroundCheck
 
     directory = Path(policy.path)
     if not (directory / MANIFEST).exists():
         return reference_for(policy), None
     reference = _verified_checkpoint_reference(directory, weights=False)
-    pool = ThreadPoolExecutor(max_workers=1)
-    check = pool.submit(verify_checkpoint, directory, lambda name: _read_by_engines(name) and _weight_file(name))
-    pool.shutdown(wait=False)  # the check runs on, then its thread ends
-    return reference, check
+    recorded = json.loads((directory / MANIFEST).read_text())["files"]
+    return reference, BackgroundCheck({directory: [n for n in recorded if _read_by_engines(n) and _weight_file(n)]})
 
 
 def _read_by_engines(name: str) -> bool:

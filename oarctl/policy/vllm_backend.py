@@ -363,11 +363,10 @@ def served_engine(policy, in_place: bool | None = None, reference: dict | None =
 def awaited(weight_check, release) -> None:
     """Wait for a started weight check (canary.reference_with_weight_check); on a bad file, `release`
     the engines that loaded it (their weights are not to be used) and raise its error."""
-    try:
-        weight_check.result()
-    except OarError:
+    problem = weight_check.problem()
+    if problem is not None:
         release()
-        raise
+        raise OarError(problem)
 
 
 def loaded_while_checked(load, weight_check, release):
