@@ -442,8 +442,7 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     table = make_table({key: [entry[key] for entry in log] for key in log[0]}, "update_log")
     metrics = {key: float(np.mean([entry[key] for entry in log])) for key in log[0] if key not in ("optimizer_step", "epoch")}
     trained = _trained(model, tokenizer, optimizer, names, config, context, accelerator)
-    memory = {**_per_rank("host_load_peak_rss_mb", loaded_peak, accelerator),
-              **_per_rank("host_peak_rss_mb", _peak_rss_mb(), accelerator)}
+    memory = _per_rank({"host_load_peak_rss_mb": loaded_peak, "host_peak_rss_mb": _peak_rss_mb()}, accelerator)
     return StageOutput(table, {**metrics, **memory}, trained=trained)
 
 
@@ -454,11 +453,15 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _per_rank(name: str, value: float, accelerator) -> dict:
-    """{NAME_rank0, NAME_other_ranks (the largest; under a launcher)} on rank 0, {} on the others: what the
-    node's RAM must hold per rank (call on every rank)."""
-    values = gather_to_rank_zero(value, accelerator)
-    if values is None:
+def _per_rank(values: dict[str, float], accelerator) -> dict:
+    """{NAME_rank0, NAME_other_ranks (the largest; under a launcher)} of each of this rank's `values` on
+    rank 0, {} on the others: what the node's RAM must hold per rank (call on every rank; one gather)."""
+    everyone = gather_to_rank_zero(values, accelerator)
+    if everyone is None:
         return {}
-    return {f"{name}_rank0": round(values[0], 1),
-            **({f"{name}_other_ranks": round(max(values[1:]), 1)} if len(values) > 1 else {})}
+    summary = {}
+    for name in values:
+        summary[f"{name}_rank0"] = round(everyone[0][name], 1)
+        if len(everyone) > 1:
+            summary[f"{name}_other_ranks"] = round(max(peaks[name] for peaks in everyone[1:]), 1)
+    return summary
