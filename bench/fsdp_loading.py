@@ -78,14 +78,15 @@ def random_policy(folder: Path, hidden: int, layers: int, vocabulary: int) -> Pa
 
 
 def launched_update(advantages: Path, config: Path, policy: Path, output: Path, rank_zero_only: bool) -> dict:
-    """The update under accelerate launch on 2 CPU ranks; its manifest's metrics."""
+    """The update under accelerate launch on 2 CPU ranks (the command `oarctl run` launches); its manifest's
+    metrics."""
+    from oarctl.launch import update_command
+
     settings = yaml.safe_load(FSDP.read_text())
     settings["fsdp_config"].update(fsdp_cpu_ram_efficient_loading=rank_zero_only, fsdp_sync_module_states=rank_zero_only)
     launcher_file = output.parent / f"{output.name}-accelerate.yaml"
     launcher_file.write_text(yaml.safe_dump(settings))
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(launcher_file),
-               "-m", "oarctl.cli", "update", str(advantages), "-o", str(output), "--policy", str(policy),
-               "-c", str(config)]
+    command = update_command(str(launcher_file), advantages, output, policy, 0, config, False)
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if done.returncode:
