@@ -10,6 +10,14 @@ checkpoint saved into a temporary folder and moved into place is not hashed agai
 changes its mtime). The files of one checkpoint are hashed in parallel threads (hashlib releases
 the GIL). `HASHING` counts the bytes and seconds this process spent verifying what it read, and
 `WRITE_HASHING` those it spent hashing what it wrote, for the manifests.
+
+Layout: the policy folder holds what engines, attribution and users load (weights in the served dtype,
+configs, tokenizer, the canary reference, update.parquet), listed in its checkpoint.json, which names
+the policy (`policy_identity`). What only the next update reads (the AdamW state and, for 16-bit
+weights, the fp32 weights) is in `training_state/`, with a checkpoint.json of its own. So the policy can
+be committed, and sampled from, while the training state is still being written (FSDP ranks do that:
+oarctl/stages/update.py); the update stage's manifest, written last, vouches for both. Checkpoints of
+earlier versions kept the training state beside the weights: `training_state_dir` reads those too.
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_STATE = "optimizer.json"
 MASTER_WEIGHTS = "master.safetensors"  # fp32 weights training continues from, when model.safetensors is 16-bit
 SHARDED_OPTIMIZER = "optimizer"  # folder of AdamW shards, one file per FSDP rank (oarctl/sharded_state.py)
+TRAINING_STATE = "training_state"  # subfolder with the files above and its own checkpoint.json (see below)
 
 
 HASHING = {"files": 0, "bytes": 0, "seconds": 0.0,  # this process's hashing of files it read, so far,
@@ -115,6 +124,25 @@ LOG_FILES = ("update.parquet",)
 def is_training_state(name: str) -> bool:
     """Files only the update stage reads (AdamW state, one-process or sharded form)."""
     return name in OPTIMIZER_FILES or name.startswith(f"{SHARDED_OPTIMIZER}/")
+
+
+def training_state_dir(policy: Path) -> Path:
+    """Where a policy's training state is: policy/training_state/, or the policy folder itself for a
+    checkpoint without one (earlier versions, a model we did not write: then it has no state)."""
+    folder = Path(policy) / TRAINING_STATE
+    if not folder.is_dir():
+        return Path(policy)
+    if not (folder / MANIFEST).exists():
+        raise OarError(f"{folder}: the training state is incomplete (no {MANIFEST}): the update that wrote "
+                       "this policy did not finish; rerun it")
+    return folder
+
+
+def seal(directory: Path, prewritten: dict[str, str] | None = None) -> dict[str, str]:
+    """Hash the files of a finished folder (those not `prewritten` by other ranks) into its checkpoint.json."""
+    files = _file_hashes(directory, prewritten)
+    (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+    return files
 
 
 def verify_checkpoint(directory: Path, wanted=lambda name: True) -> None:
@@ -337,22 +365,39 @@ def load_master(model, directory: Path, shards: bool = True) -> bool:
     return True
 
 
+def save_training_state(directory: Path, model=None, optimizer=None, parameter_names=None,
+                        prewritten: dict[str, str] | None = None, scalars: dict | None = None) -> dict[str, str]:
+    """Write the training state into `directory` (a temporary folder) and seal it: the fp32 weights of
+    `model` (master.safetensors, when the policy's weights are 16-bit), the AdamW state of `optimizer`
+    (or, from FSDP ranks that wrote their shards there already, its step counts `scalars`)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if model is not None:
+        save_master(model, directory)
+    if optimizer is not None:
+        save_optimizer(optimizer, parameter_names, directory)
+    if scalars is not None:
+        (directory / OPTIMIZER_STATE).write_text(json.dumps(scalars, sort_keys=True))
+    return seal(directory, prewritten)
+
+
 def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_names=None, extra_files=(),
                 prewritten: dict[str, str] | None = None, save_dtype: str = "float32", master: bool = True,
                 max_file_mb: float = UpdateConfig.weight_file_mb, weights_written: bool = False) -> str:
     """Write a complete checkpoint into `directory` (a temporary folder) and its hash manifest.
-    `prewritten`: {relative path: sha256} of files other processes already wrote there (FSDP shards, and
-    with `weights_written` the weight files and their index: then only the configs are written here).
-    `save_dtype` other than float32: model.safetensors in that dtype (the model is cast in place), and the
-    fp32 weights in master.safetensors unless `master` is False (FSDP ranks wrote them in their shards).
+    `prewritten`: {relative path: sha256} of the weight files and their index that FSDP ranks already
+    wrote there (with `weights_written`: then only the configs are written here).
+    `save_dtype` other than float32: the weights in that dtype (the model is cast in place), and the
+    fp32 weights in training_state/master.safetensors unless `master` is False (FSDP ranks write them
+    in their shards). `optimizer`: its state in training_state/ (None: the ranks write it there later).
     Weights go in files of at most `max_file_mb` (update.weight_file_mb), so loaders hash them in threads."""
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
     directory.mkdir(parents=True, exist_ok=True)
+    keeps_master = save_dtype != "float32" and master
+    if optimizer is not None or keeps_master:  # before the cast below
+        save_training_state(directory / TRAINING_STATE, model if keeps_master else None, optimizer, parameter_names)
     if save_dtype != "float32":
-        if master:
-            save_master(model, directory)
         model.to(getattr(torch, save_dtype))
     if weights_written:  # as save_pretrained records them
         model.config.dtype, model.config.architectures = save_dtype, [type(model).__name__]
@@ -362,12 +407,9 @@ def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_nam
     else:
         model.save_pretrained(directory, safe_serialization=True, max_shard_size=int(max_file_mb * 1e6))
     tokenizer.save_pretrained(directory)
-    if optimizer is not None:
-        save_optimizer(optimizer, parameter_names, directory)
     for writer in extra_files:
         writer(directory)
-    files = _file_hashes(directory, prewritten)
-    (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1, sort_keys=True))
+    seal(directory, prewritten)
     return policy_identity(directory)
 
 

@@ -16,14 +16,23 @@ The launched command is the one a user would type for the stage-by-stage recipe:
 run_dir/config.yaml is the run's resolved config, so the launched stage computes the same cache key
 (accelerate_config is left out of it) and the run then finds the output as a cache hit; a killed
 launch leaves only temporaries, and the next `oarctl run` launches it again.
+
+A launched FSDP update commits the policy folder first and writes the training state (AdamW moments,
+fp32 weights: six times the served weights) afterwards, which only the next update reads. Its rank 0
+says when the policy is in place (`announce_ready`, through the file named by OARCTL_READY_FILE), and
+`oarctl run` goes on sampling the next step meanwhile (`Launched.wait_ready`); it waits for the launch
+to end (`Launched.finish`) before the next launched stage, and the step counts as done only when the
+update's manifest is written, after the training state.
 """
 from __future__ import annotations
 
 import gc
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from oarctl.errors import OarError
@@ -97,15 +106,57 @@ def rank_dies_with_launcher() -> None:
         sys.exit("oarctl: this rank's launcher is gone; not running the stage on its own")
 
 
-def launch_stage(stage: str, config, input_path: Path, output: Path, policy: Path, step: int, run_config: Path,
-                 force: bool, log=print) -> None:
-    """Run `stage` (attribute, update) of `step` under `accelerate launch` with its section's
-    accelerate_config; an OarError if it fails."""
+READY_FILE = "OARCTL_READY_FILE"  # set for a launched update: the file its rank 0 writes once the policy is in place
+
+
+def announce_ready(output: Path) -> None:
+    """In a launched update's rank 0, once the policy folder is committed (its training state still to
+    come): tell the `oarctl run` that launched it, which samples from the policy meanwhile."""
+    from oarctl.artifacts import write_bytes_atomically
+
+    target = os.environ.get(READY_FILE)
+    if target:
+        write_bytes_atomically(target, json.dumps({"policy": str(output)}))
+
+
+class Launched:
+    """A stage running under `accelerate launch` in the background."""
+
+    def __init__(self, stage: str, command: list[str], output: Path, config_file: str):
+        self.stage, self.output, self.config_file = stage, output, config_file
+        self.ready_file = output.with_name(f".{output.name}.ready.tmp-{os.getpid()}")  # swept if the run dies
+        self.ready_file.unlink(missing_ok=True)
+        environment = {**os.environ, READY_FILE: str(self.ready_file)}
+        self.process = subprocess.Popen(command, preexec_fn=terminate_with_parent, env=environment)
+
+    def wait_ready(self, poll_seconds: float = 0.05) -> None:
+        """Until the stage says its output may be read, or ends (an OarError if it failed)."""
+        while not self.ready_file.exists() and self.process.poll() is None:
+            time.sleep(poll_seconds)
+        if self.process.poll() is not None:
+            self.finish()
+
+    def finish(self) -> None:
+        """Wait for the launch to end; an OarError if it failed."""
+        code = self.process.wait()
+        self.ready_file.unlink(missing_ok=True)
+        if code != 0:
+            raise OarError(f"{self.output}: the {self.stage} under accelerate launch ({self.config_file}) "
+                           f"exited with code {code}; its output is above")
+
+
+def start_stage(stage: str, config, input_path: Path, output: Path, policy: Path, step: int, run_config: Path,
+                force: bool, log=print) -> Launched:
+    """Start `stage` (attribute, update) of `step` under `accelerate launch` with its section's
+    accelerate_config, after the run's engines gave their memory back."""
     config_file = getattr(config, stage).accelerate_config
     command = stage_command(stage, config_file, input_path, output, policy, step, run_config, force)
     rest_generation_engines()
     log(f"{stage}: accelerate launch --config_file {config_file} (step {step})")
-    finished = subprocess.run(command, preexec_fn=terminate_with_parent)
-    if finished.returncode != 0:
-        raise OarError(f"{output}: the {stage} under accelerate launch ({config_file}) "
-                       f"exited with code {finished.returncode}; its output is above")
+    return Launched(stage, command, output, config_file)
+
+
+def launch_stage(stage: str, config, input_path: Path, output: Path, policy: Path, step: int, run_config: Path,
+                 force: bool, log=print) -> None:
+    """Run `stage` under `accelerate launch` to its end; an OarError if it fails."""
+    start_stage(stage, config, input_path, output, policy, step, run_config, force, log).finish()

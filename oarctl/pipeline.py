@@ -21,7 +21,7 @@ import yaml
 from oarctl import config as config_module
 from oarctl.artifacts import write_bytes_atomically, write_parquet
 from oarctl.errors import OarError
-from oarctl.launch import accelerate_config, launch_stage, rest_generation_engines
+from oarctl.launch import accelerate_config, launch_stage, rest_generation_engines, start_stage
 from oarctl.logging_backends import MetricsSinks
 from oarctl.report.run_report import read_metrics
 from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
@@ -212,8 +212,11 @@ def _launched_stages(config) -> list[str]:
     return [name for name in LAUNCHABLE_STAGES if getattr(config, name).accelerate_config]
 
 
-def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force: bool, log) -> dict:
-    """The five stages of one RL step; returns {stage: metrics}."""
+def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force: bool, log,
+              settle: Callable[[], None]) -> tuple[dict, Callable[[], dict]]:
+    """The five stages of one RL step: ({stage: metrics} of the first four, a function giving the update's
+    metrics once it is complete). A launched FSDP update is still writing its training state when this
+    returns; `settle` waits for the previous step's, before anything that needs it or its GPUs."""
     folder = step_dir(run_dir, step)
     previous = {"sample": train}
     metrics = {}
@@ -223,6 +226,10 @@ def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force
         output = folder / STEP_OUTPUTS[name]
         (input_name,) = stage.inputs
         inputs = {input_name: previous[name]}
+        if name in launched or (name == "sample" and _gpus_shared()):
+            settle()
+        if name == "update" and name in launched:
+            return metrics, _update_in_background(config, inputs, output, step, policy, run_dir, force, log)
         if name in launched:
             _launched_stage(name, config, inputs, output, step, policy, run_dir, force, log)
         # a launched stage is written now: run_stage only reads its manifest
@@ -234,7 +241,35 @@ def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force
         following = STEP_STAGES.index(name) + 1
         if following < len(STEP_STAGES):
             previous[STEP_STAGES[following]] = output
-    return metrics
+    return metrics, lambda: metrics.pop("update")
+
+
+def _gpus_shared() -> bool:
+    """On GPUs the engines would wake beside the update ranks still writing their training state, and
+    their KV cache does not fit beside the ranks' memory: there sampling waits for the launch to end."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _update_in_background(config, inputs: dict, output: Path, step: int, policy: Path, run_dir: Path,
+                          force: bool, log) -> Callable[[], dict]:
+    """Launch the step's update and return once its policy is committed (or the launch ended); the
+    function returned waits for the rest (the training state, the manifest) and gives its metrics."""
+    def metrics() -> dict:
+        return run_stage("update", config, inputs, output, step=step, policy_path=policy, log=log)[0]["metrics"]
+
+    if not force and stage_state("update", config, inputs, output, step=step, policy_path=policy) == "done":
+        return metrics
+    (input_path,) = inputs.values()
+    launched = start_stage("update", config, input_path, output, policy, step, run_dir / "config.yaml", force, log)
+    launched.wait_ready()
+
+    def finished() -> dict:
+        launched.finish()
+        _require_done("update", config, inputs, output, step, policy)
+        return metrics()
+    return finished
 
 
 def _launched_stage(name: str, config, inputs: dict, output: Path, step: int, policy: Path, run_dir: Path,
@@ -244,6 +279,10 @@ def _launched_stage(name: str, config, inputs: dict, output: Path, step: int, po
         return
     (input_path,) = inputs.values()
     launch_stage(name, config, input_path, output, policy, step, run_dir / "config.yaml", force, log)
+    _require_done(name, config, inputs, output, step, policy)
+
+
+def _require_done(name: str, config, inputs: dict, output: Path, step: int, policy: Path) -> None:
     state = stage_state(name, config, inputs, output, step=step, policy_path=policy)
     if state != "done":  # never run twice: the run would otherwise redo the stage in its own process
         raise OarError(f"{output}: the launched {name} did not leave this run's output ({state})")
@@ -294,9 +333,14 @@ def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
     policy, steps = base, config.run.steps
     recorded = _recorded_metrics(run_dir)
     sinks = MetricsSinks(config.logging, run_dir)  # TensorBoard / W&B beside metrics.jsonl, as configured
-    for step in range(steps):
-        metrics = _run_step(config, run_dir, step, data["train"], policy, force, log)
-        policy = step_dir(run_dir, step) / "policy"
+    unfinished = []  # [(step, metrics, update's metrics)]: a step whose launched update is still writing
+
+    def settle() -> None:
+        """Complete the last step: wait for its update, then log, evaluate and prune as it asks."""
+        if not unfinished:
+            return
+        step, metrics, update_metrics = unfinished.pop()
+        metrics["update"] = update_metrics()
         line = {"kind": "step", "step": step}
         for name, values in metrics.items():
             line.update(_flatten(name, values))
@@ -305,11 +349,19 @@ def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
         if _evaluated(step, config):
             output = run_dir / "eval" / f"step_{step:04d}.parquet"
             lines.append({"kind": "eval", "after_steps": step + 1,
-                          **_flatten("eval", _evaluate(config, data["eval"], policy, output, force, log))})
+                          **_flatten("eval", _evaluate(config, data["eval"], step_dir(run_dir, step) / "policy",
+                                                       output, force, log))})
         if not _replaying(lines, recorded):
             write_bytes_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
         sinks.send(lines)
         _prune(run_dir, step, config)
+
+    for step in range(steps):
+        unfinished.append((step, *_run_step(config, run_dir, step, data["train"], policy, force, log, settle)))
+        policy = step_dir(run_dir, step) / "policy"
+        if _evaluated(step, config) or "update" not in _launched_stages(config):
+            settle()  # at once unless the update runs on; an evaluation's line follows its step's
+    settle()
     write_bytes_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
     sinks.send(lines)
     sinks.close()

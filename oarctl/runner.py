@@ -16,6 +16,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
 from oarctl.checkpoints import (HASHING, READING, WRITE_HASHING, load_policy, load_tokenizer, policy_identity,
@@ -81,6 +82,9 @@ class StageOutput:
     table: object  # pyarrow.Table
     metrics: dict = field(default_factory=dict)
     trained: Trained | None = None  # update only
+    # update under FSDP: called on every rank once the policy folder is in place, before the manifest;
+    # writes the training state and returns its I/O metrics (on rank 0)
+    after_commit: Callable[[], dict] | None = None
 
 
 def _alive(pid: int) -> bool:
@@ -191,7 +195,7 @@ def _write_outputs(stage, result: StageOutput, output: Path) -> tuple[str, dict]
         write_parquet(result.table, output)
         return sha256_file(output), {}
     trained = result.trained
-    temporary = temporary_sibling(output)  # FSDP ranks may have written their AdamW shards there already
+    temporary = temporary_sibling(output)  # FSDP ranks may have written their weight files there already
     hashed, started = dict(WRITE_HASHING), time.perf_counter()
     identity = save_policy(trained.model, trained.tokenizer, temporary, trained.optimizer, trained.names,
                            extra_files=[lambda d: write_parquet(result.table, d / "update.parquet"),
@@ -201,11 +205,20 @@ def _write_outputs(stage, result: StageOutput, output: Path) -> tuple[str, dict]
                            weights_written=trained.weights_written)
     io = {"checkpoint_bytes_written": _folder_bytes(temporary),
           "checkpoint_bytes_hashed": WRITE_HASHING["bytes"] - hashed["bytes"]  # + what the ranks wrote and hashed
-          + trained.io.get("optimizer_shard_bytes", 0) + trained.io.get("weight_file_bytes", 0),
+          + trained.io.get("weight_file_bytes", 0),
           "checkpoint_hash_seconds": round(WRITE_HASHING["seconds"] - hashed["seconds"], 3), **trained.io}
     io["checkpoint_write_seconds"] = round(time.perf_counter() - started - io["checkpoint_hash_seconds"], 3)
     replace_directory(temporary, output)
     return identity, io
+
+
+def _with_training_state(io: dict, written: dict) -> dict:
+    """The checkpoint's I/O metrics with those of the training state the ranks wrote after the commit."""
+    if not written:
+        return io  # ranks other than 0
+    shards = written.get("optimizer_shard_bytes", 0)
+    return {**io, **written, "checkpoint_bytes_written": io["checkpoint_bytes_written"] + shards,
+            "checkpoint_bytes_hashed": io["checkpoint_bytes_hashed"] + shards}
 
 
 def _load_io(hashed: dict, read: dict) -> dict:
@@ -238,6 +251,10 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
         raise OarError(f"{' + '.join(map(str, input_paths.values()))}: {error}") from None
     load_io = _load_io(hashed, read) if stage.output_kind == "policy" else {}
     output_hash, io = _write_outputs(stage, result, output) if is_main_process() else (None, {})
+    if stage.output_kind == "policy":
+        io["policy_ready_seconds"] = round(time.perf_counter() - started, 3)  # from here on it may be sampled
+    if result.after_commit is not None:
+        io = _with_training_state(io, result.after_commit())
     io = {**load_io, **io}
     return write_manifest(output, parts, {**result.metrics, **io}, time.perf_counter() - started, output_hash), True
 

@@ -19,6 +19,8 @@ from safetensors.torch import load_file
 
 from oarctl.artifacts import read_artifact, write_parquet
 from oarctl.batching import fixed_size, loss_share, plan_step, token_budget
+from oarctl.checkpoints import TRAINING_STATE as STATE
+from oarctl.checkpoints import seal
 from oarctl.config import load_config
 from oarctl.stages import update
 
@@ -125,10 +127,12 @@ def test_two_processes_train_the_weights_of_one(first_update, batch, tiny_policy
     assert moved > 1e-4  # the update really changed the weights
     assert difference < 1e-5
     assert moments < 1e-6
-    assert json.loads((double / "optimizer.json").read_text()) == json.loads((single / "optimizer.json").read_text())
+    assert json.loads((double / STATE / "optimizer.json").read_text()) == \
+        json.loads((single / STATE / "optimizer.json").read_text())
+    assert {p.name for p in double.iterdir()} == {p.name for p in single.iterdir()}
     one_process_form = {"optimizer.safetensors"} if "fsdp" in config else set()
-    assert {p.name for p in double.iterdir()} | one_process_form == {p.name for p in single.iterdir()} | (
-        {"optimizer"} if "fsdp" in config else set())
+    assert {p.name for p in (double / STATE).iterdir()} | one_process_form == \
+        {p.name for p in (single / STATE).iterdir()} | ({"optimizer"} if "fsdp" in config else set())
     assert json.loads((double / "config.json").read_text()) == json.loads((single / "config.json").read_text())
     log_one, log_two = pq.read_table(single / "update.parquet"), pq.read_table(double / "update.parquet")
     assert log_one.column_names == log_two.column_names and log_one.num_rows == log_two.num_rows == 2
@@ -164,7 +168,7 @@ def _moments(policy: Path) -> dict:
     from oarctl.checkpoints import read_optimizer_state
 
     shapes = {key: value.shape for key, value in load_file(policy / "model.safetensors").items()}
-    state = read_optimizer_state(policy, shapes)
+    state = read_optimizer_state(policy / STATE, shapes)
     return {f"{name}::{key}": value for name, entry in state.items() for key, value in entry.items() if value.dim()}
 
 
@@ -180,20 +184,20 @@ def test_fsdp_ranks_write_their_adamw_shards_and_any_rank_count_continues_them(f
     second step. A fresh AdamW from the same weights lands elsewhere, so the match is the loaded
     state's doing. ~40-90 s."""
     (single, _), (sharded, _) = first_update(None), first_update("cpu-fsdp-2proc")
-    shards = sorted(p.name for p in (sharded / "optimizer").iterdir())
+    shards = sorted(p.name for p in (sharded / STATE / "optimizer").iterdir())
     from oarctl.sharded_state import FILES_PER_RANK
 
-    assert len(shards) == 2 * FILES_PER_RANK and not (sharded / "optimizer.safetensors").exists()
+    assert len(shards) == 2 * FILES_PER_RANK and not (sharded / STATE / "optimizer.safetensors").exists()
     assert {name.split("-")[1] for name in shards} == {"00001", "00002"}  # written by both ranks
-    recorded = json.loads((sharded / "checkpoint.json").read_text())["files"]
+    recorded = json.loads((sharded / STATE / "checkpoint.json").read_text())["files"]
     assert {f"optimizer/{name}" for name in shards} <= recorded.keys()
     manifest = json.loads((sharded.parent / f"{sharded.name}.manifest.json").read_text())["metrics"]
-    assert manifest["optimizer_shard_bytes"] == sum((sharded / "optimizer" / n).stat().st_size for n in shards)
+    assert manifest["optimizer_shard_bytes"] == sum((sharded / STATE / "optimizer" / n).stat().st_size for n in shards)
     assert _max_difference(_moments(sharded), _moments(single)) < 1e-6  # the shards hold the whole state
 
     folder = batch["folder"]
     weights_only = folder / "policy-fsdp-weights-only"  # FSDP's step-1 weights without the AdamW state
-    shutil.copytree(sharded, weights_only, ignore=shutil.ignore_patterns("optimizer*", "checkpoint.json"))
+    shutil.copytree(sharded, weights_only, ignore=shutil.ignore_patterns(STATE, "checkpoint.json"))
     names = ("plain", "fsdp", "plain-after-fsdp", "fsdp-after-plain", "fresh")
     outputs = {name: folder / f"step2-{name}" for name in names}
     for policy, name in ((single, "plain"), (sharded, "plain-after-fsdp"), (weights_only, "fresh")):
@@ -217,8 +221,8 @@ def test_fsdp_ranks_write_their_adamw_shards_and_any_rank_count_continues_them(f
     assert all(absolute < 1e-6 and m < 1e-6 for _, absolute, m in differences.values())
     assert fresh > 100 * max(_max_difference(weights["plain"], weights[name]) for name in resumed)
     for name in resumed:
-        steps = json.loads((outputs[name] / "optimizer.json").read_text())
-        assert steps == json.loads((outputs["plain"] / "optimizer.json").read_text())
+        steps = json.loads((outputs[name] / STATE / "optimizer.json").read_text())
+        assert steps == json.loads((outputs["plain"] / STATE / "optimizer.json").read_text())
     assert set(steps.values()) == {4.0}  # 2 optimizer steps per update, counted on from the checkpoint's
 
 
@@ -237,12 +241,12 @@ def test_a_bfloat16_checkpoint_continues_from_its_fp32_weights(first_update, bat
     reference = tmp_path / "two-fp32"
     _update(batch, single, reference)  # the fp32 chain: step 1 = `single`, then step 2
 
-    weights, master = load_file(outputs["one"] / "model.safetensors"), load_file(outputs["one"] / "master.safetensors")
+    weights, master = load_file(outputs["one"] / "model.safetensors"), load_file(outputs["one"] / STATE / "master.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.bfloat16} and {t.dtype for t in master.values()} == {torch.float32}
     assert json.loads((outputs["one"] / "config.json").read_text())["dtype"] == "bfloat16"
     fp32 = load_file(single / "model.safetensors")
     assert all(torch.equal(master[name], fp32[name]) for name in master)
-    continued, expected = load_file(outputs["two"] / "master.safetensors"), load_file(reference / "model.safetensors")
+    continued, expected = load_file(outputs["two"] / STATE / "master.safetensors"), load_file(reference / "model.safetensors")
     assert all(torch.equal(continued[name], expected[name]) for name in continued)
     assert _max_difference(_moments(outputs["two"]), _moments(reference)) == 0.0
 
@@ -250,9 +254,9 @@ def test_a_bfloat16_checkpoint_continues_from_its_fp32_weights(first_update, bat
         launched = _launch_update(half, policy, outputs[name], "cpu-fsdp-2proc")
         assert launched.returncode == 0, launched.stderr[-3000:]
         if name == "fsdp1":
-            assert not (outputs[name] / "master.safetensors").exists()  # in the ranks' shards
+            assert not (outputs[name] / STATE / "master.safetensors").exists()  # in the ranks' shards
             _update(half, outputs[name], outputs["after"])
-    ends = {name: load_file(outputs[name] / "master.safetensors") for name in ("after",)}
+    ends = {name: load_file(outputs[name] / STATE / "master.safetensors") for name in ("after",)}
     ends["fsdp2"] = _fsdp_master(outputs["fsdp2"])
     for name, end in ends.items():
         difference = max(float((end[k] - expected[k]).abs().max()) for k in expected if k in end)
@@ -297,8 +301,9 @@ def test_fsdp_ranks_write_the_weight_files_in_turn(batch, tiny_policy, tmp_path)
 
     launched = _launch_update(small, tmp_path / "fsdp", tmp_path / "next", "cpu-fsdp-2proc")
     assert launched.returncode == 0, launched.stderr[-3000:]
-    read, state = loaded_files(tmp_path / "fsdp"), [*shard_files(tmp_path / "fsdp"), "optimizer.json"]
-    size = lambda names: sum((tmp_path / "fsdp" / name).stat().st_size for name in names)  # noqa: E731
+    read, state = loaded_files(tmp_path / "fsdp"), [*shard_files(tmp_path / "fsdp" / STATE), "optimizer.json"]
+    read, state = [tmp_path / "fsdp" / name for name in read], [tmp_path / "fsdp" / STATE / name for name in state]
+    size = lambda paths: sum(path.stat().st_size for path in paths)  # noqa: E731
     verified = json.loads((tmp_path / "next.manifest.json").read_text())["metrics"]["checkpoint_bytes_verified"]
     metrics = json.loads((tmp_path / "next.manifest.json").read_text())["metrics"]
     assert verified == size([*read, *state][0::2]) < 0.6 * size(read + state)
@@ -310,7 +315,7 @@ def _fsdp_master(policy: Path) -> dict:
     from oarctl.checkpoints import _read_master
 
     shapes = {key: value.shape for key, value in load_file(policy / "model.safetensors").items()}
-    return _read_master(policy, shapes)
+    return _read_master(policy / STATE, shapes)
 
 
 # ---- token-budget micro-batches ------------------------------------------------------------------
@@ -409,17 +414,19 @@ def test_a_bad_optimizer_state_is_refused_in_one_line(first_update, batch, tmp_p
     from oarctl.cli import app
 
     policy = tmp_path / "policy"
-    shutil.copytree(first_update(None)[0], policy, ignore=shutil.ignore_patterns("checkpoint.json"))
-    tensors = load_file(policy / "optimizer.safetensors")
+    shutil.copytree(first_update(None)[0], policy)
+    state = policy / STATE
+    tensors = load_file(state / "optimizer.safetensors")
     if damage == "tensors":
-        (policy / "optimizer.safetensors").write_bytes(b"not safetensors")
+        (state / "optimizer.safetensors").write_bytes(b"not safetensors")
     elif damage == "json":
-        (policy / "optimizer.json").write_text('{"model.norm.weight::step": "two"}')
+        (state / "optimizer.json").write_text('{"model.norm.weight::step": "two"}')
     else:
         key = "model.norm.weight::exp_avg"
         changed = tensors.pop(key)
         tensors["model.other.weight::exp_avg" if damage == "name" else key] = torch.cat([changed, changed])
-        save_file(tensors, policy / "optimizer.safetensors")
+        save_file(tensors, state / "optimizer.safetensors")
+    seal(state)  # recorded as written: the content itself is refused
     result = CliRunner().invoke(app, ["update", str(batch["advantages"]), "-o", str(tmp_path / "out"),
                                       "--policy", str(policy), "-c", str(batch["config"])])
     assert result.exit_code != 0 and message in result.output
@@ -437,9 +444,9 @@ def test_a_damaged_adamw_shard_is_refused_in_one_line(first_update, batch, tmp_p
 
     policy = tmp_path / "policy"
     shutil.copytree(first_update("cpu-fsdp-2proc")[0], policy)
-    shard = sorted((policy / "optimizer").iterdir())[-1]  # one of rank 1's
+    shard = sorted((policy / STATE / "optimizer").iterdir())[-1]  # one of rank 1's
     if damage == "step counts":  # still valid: {"PARAMETER::step": number}, one step later
-        shard = policy / "optimizer.json"
+        shard = policy / STATE / "optimizer.json"
         shard.write_text(json.dumps({name: step + 1 for name, step in json.loads(shard.read_text()).items()}))
     elif damage == "modified":
         data = bytearray(shard.read_bytes())

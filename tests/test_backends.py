@@ -309,5 +309,6 @@ def test_a_step_rests_the_engines_after_sample_before_attribute(monkeypatch, tmp
     order = []
     monkeypatch.setattr(pipeline, "run_stage", lambda name, *a, **k: order.append(name) or ({"metrics": {}}, True))
     monkeypatch.setattr(pipeline, "rest_generation_engines", lambda: order.append("rest"))
-    pipeline._run_step(load_config(None, []), tmp_path, 0, tmp_path / "train.parquet", tmp_path, False, print)
+    pipeline._run_step(load_config(None, []), tmp_path, 0, tmp_path / "train.parquet", tmp_path, False, print,
+                       lambda: order.append("settle"))
     assert order == ["sample", "rest", "verify", "attribute", "reshape", "update"]

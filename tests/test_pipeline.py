@@ -169,8 +169,8 @@ def test_stage_by_stage_commands_equal_the_loop(cli, tiny_config, tmp_path):
             assert result.stdout.startswith(f"{name}: wrote {ours / output}")
             if output.endswith(".parquet"):
                 assert (ours / output).read_bytes() == (theirs / output).read_bytes(), (step, output)
-        for name in ("model.safetensors", "optimizer.safetensors", "optimizer.json", "update.parquet",
-                     "checkpoint.json"):
+        for name in ("model.safetensors", "training_state/optimizer.safetensors", "training_state/optimizer.json",
+                     "training_state/checkpoint.json", "update.parquet", "checkpoint.json"):
             assert sha256(ours / "policy" / name) == sha256(theirs / "policy" / name), (step, name)
         policy = ["--policy", ours / "policy"]
     # the weights really moved, so the comparison above is not trivially true
@@ -324,7 +324,7 @@ def check_resumed_run(cli, tmp_path: Path, config: Path, kills: int, seed: int, 
     for relative in files:
         assert sha256(files[relative]) == sha256(clean_files[relative]), relative
     final = f"step_{steps - 1:04d}/policy"
-    for name in ("model.safetensors", "optimizer.safetensors", "checkpoint.json"):
+    for name in ("model.safetensors", "training_state/optimizer.safetensors", "checkpoint.json"):
         assert sha256(run_dir / final / name) == sha256(clean / final / name), name
     for output in expected_outputs(run_dir, steps, evals):
         ours = json.loads(manifest_of(output).read_text())

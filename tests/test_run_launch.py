@@ -4,7 +4,9 @@ policy replicated) runs under `accelerate launch`, and the run continues from wh
 processes wrote."""
 from __future__ import annotations
 
+import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -53,8 +55,53 @@ def test_a_run_launches_each_update_and_matches_the_in_process_run(cli, tiny_con
     assert _largest_difference(tiny_policy, tmp_path / "single" / step) > 1e-4  # the update did change them
     assert _largest_difference(tmp_path / "single" / step, tmp_path / "launched" / step) < 1e-5
     assert (tmp_path / "launched" / "step_0001" / "policy" / "checkpoint.json").exists()
-    assert len(list((tmp_path / "launched" / step / "optimizer").glob("shard-*.safetensors"))) > 1  # FSDP's AdamW
+    assert len(list((tmp_path / "launched" / step / "training_state" / "optimizer").glob("shard-*.safetensors"))) > 1  # FSDP AdamW
     _resumes_without_launching(cli, config, tmp_path / "launched", launch)
+    _resumes_after_a_kill_between_the_policy_and_its_training_state(cli, config, tmp_path / "launched", launch)
+
+
+def _resumes_after_a_kill_between_the_policy_and_its_training_state(cli, config: Path, run_dir: Path,
+                                                                    launch: list[str]) -> None:
+    """What a run killed while step 0's ranks wrote the training state leaves: the policy committed (and
+    step 1 sampled from it meanwhile), no training_state/, a dead writer's temporary, no manifest. The
+    rerun launches step 0's update again, which writes the same weights, so step 1's stages stay done."""
+    policy = run_dir / "step_0000" / "policy"
+    weights = (policy / "model.safetensors").read_bytes()
+    shutil.rmtree(policy / "training_state")
+    (run_dir / "step_0000" / "policy.manifest.json").unlink()
+    (policy / ".training_state.tmp-999999999").mkdir()  # no such process: swept
+    status = cli("status", run_dir)
+    rows = [tuple(line.split(None, 2)) for line in status.stdout.splitlines()]
+    assert ("step_0000", "update", "incomplete (no manifest)") in rows, status.stdout
+    resumed = cli("run", "-c", config, "--run-dir", run_dir, *launch)
+    assert resumed.exit_code == 0, resumed.output
+    assert resumed.output.count("update: accelerate launch") == 1 and "(step 0)" in resumed.output
+    assert "[sample]" not in resumed.output and "step_0001/policy (" not in resumed.output  # step 1: cache hits
+    assert (policy / "model.safetensors").read_bytes() == weights
+    assert (policy / "training_state" / "checkpoint.json").exists()
+    assert hidden_temporaries(run_dir) == []
+
+
+def test_a_launch_is_ready_when_its_stage_says_so_before_it_ends(tmp_path):
+    """Launched.wait_ready returns once the launched process wrote the file named by OARCTL_READY_FILE
+    (the update's policy is committed), while it still runs (the training state); finish waits for the
+    end, and a failure there is an error naming the output."""
+    from oarctl.errors import OarError
+    from oarctl.launch import Launched
+
+    script = ("import os, pathlib, sys, time; pathlib.Path(os.environ['OARCTL_READY_FILE']).write_text('{}'); "
+              "time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))")
+    output = tmp_path / "policy"
+    ready = Launched("update", [sys.executable, "-c", script, "30", "0"], output, "fake.yaml")
+    ready.wait_ready()
+    assert ready.process.poll() is None  # ready, yet still running
+    ready.process.terminate()
+    with pytest.raises(OarError, match=f"{output}: the update under accelerate launch .fake.yaml. exited with code"):
+        ready.finish()
+    failing = Launched("update", [sys.executable, "-c", "import sys; sys.exit(3)"], output, "fake.yaml")
+    with pytest.raises(OarError, match="exited with code 3"):
+        failing.wait_ready()  # it ended without saying ready: its failure comes out here
+    assert hidden_temporaries(tmp_path) == []
 
 
 def _token_scores(path: Path) -> list[np.ndarray]:

@@ -239,9 +239,14 @@ def test_update_writes_a_verified_checkpoint_and_caches_it(settings, rollouts, t
                               log=quiet)
     assert ran
     files = json.loads((output / "checkpoint.json").read_text())["files"]
-    assert {"model.safetensors", "optimizer.safetensors", "update.parquet", "config.json"} <= set(files)
+    assert {"model.safetensors", "update.parquet", "config.json"} <= set(files)
     for name, digest in files.items():
         assert sha256(output / name) == digest
+    # what only the next update reads is apart, sealed by its own checkpoint.json
+    state = json.loads((output / "training_state" / "checkpoint.json").read_text())["files"]
+    assert set(state) == {"optimizer.safetensors", "optimizer.json"} and not set(state) & set(files)
+    for name, digest in state.items():
+        assert sha256(output / "training_state" / name) == digest
     assert not any(p.suffix in (".bin", ".pt", ".pth", ".pkl") for p in output.iterdir())
     assert pq.read_table(output / "update.parquet").num_rows == 1  # 4 rows, mini batch 4, 1 epoch
     assert manifest_path(output) == tmp_path / "policy.manifest.json"
@@ -340,19 +345,19 @@ def test_a_three_step_run_hashes_each_checkpoint_file_once(cli, tiny_config, tmp
                          attribute={"method": "oar_g"})
     result = cli("run", "-c", config, "--run-dir", tmp_path / "R")
     assert result.exit_code == 0, result.output
-    written = [p for p in (tmp_path / "R").glob("step_*/policy/*") if p.name != "checkpoint.json"]
-    assert len({p.parent for p in written}) == 3 and len(written) >= 3 * 4
+    written = [p for p in (tmp_path / "R").glob("step_*/policy/**/*") if p.is_file() and p.name != "checkpoint.json"]
+    assert len({p.parent for p in written}) == 3 * 2 and len(written) >= 3 * 4  # policy/ and policy/training_state/
     for path in written:
         status = os.stat(path)
         assert counts[(status.st_dev, status.st_ino)] == 1, path
     manifest = json.loads((tmp_path / "R" / "step_0002" / "policy.manifest.json").read_text())["metrics"]
     folder = tmp_path / "R" / "step_0002" / "policy"
-    sizes = sum(p.stat().st_size for p in folder.iterdir())
-    assert manifest["checkpoint_bytes_written"] == sizes
-    assert manifest["checkpoint_bytes_hashed"] == sizes - (folder / "checkpoint.json").stat().st_size
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    assert manifest["checkpoint_bytes_written"] == sum(p.stat().st_size for p in files)
+    assert manifest["checkpoint_bytes_hashed"] == sum(p.stat().st_size for p in files if p.name != "checkpoint.json")
     assert manifest["checkpoint_hash_seconds"] >= 0 and manifest["checkpoint_write_seconds"] > 0
     previous = tmp_path / "R" / "step_0001" / "policy"  # what the third update read: weights and AdamW state
-    assert manifest["checkpoint_bytes_read"] == sum(p.stat().st_size for p in previous.glob("*.safetensors"))
+    assert manifest["checkpoint_bytes_read"] == sum(p.stat().st_size for p in previous.glob("**/*.safetensors"))
     assert manifest["checkpoint_bytes_verified"] == 0  # this process wrote (and hashed) them one step before
     assert manifest["checkpoint_read_seconds"] > 0
 
@@ -366,12 +371,28 @@ def test_a_process_verifies_what_it_reads(settings, rollouts, tmp_path, tiny_pol
     advantages = run_chain(config, rollouts, tmp_path, tiny_policy)
     output = tmp_path / "policy"
     run_stage("update", config, {"advantages": advantages}, output, policy_path=tiny_policy, log=quiet)
-    moments = output / "optimizer.safetensors"
+    moments = output / "training_state" / "optimizer.safetensors"
     data = bytearray(moments.read_bytes())
     data[-1] ^= 0xFF  # the last byte of the last tensor: still a readable file
     moments.write_bytes(bytes(data))
     load_policy(output)  # the weights are intact
     with pytest.raises(OarError, match="optimizer.safetensors does not match its recorded hash"):
+        run_stage("update", config, {"advantages": advantages}, tmp_path / "next", policy_path=output, step=1,
+                  log=quiet)
+
+
+def test_a_policy_whose_training_state_was_never_finished_is_refused(settings, rollouts, tmp_path, tiny_policy):
+    """training_state/ without its checkpoint.json: the update writing it was killed. Its weights can be
+    served (they were committed first), but continuing training from it is one clear error."""
+    from oarctl.checkpoints import load_policy
+
+    config = settings()
+    advantages = run_chain(config, rollouts, tmp_path, tiny_policy)
+    output = tmp_path / "policy"
+    run_stage("update", config, {"advantages": advantages}, output, policy_path=tiny_policy, log=quiet)
+    (output / "training_state" / "checkpoint.json").unlink()
+    load_policy(output)
+    with pytest.raises(OarError, match="training_state: the training state is incomplete"):
         run_stage("update", config, {"advantages": advantages}, tmp_path / "next", policy_path=output, step=1,
                   log=quiet)
 

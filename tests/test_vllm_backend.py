@@ -262,7 +262,7 @@ def test_sample_and_evaluate_stages_run_on_vllm(served, cli, tmp_path):
 
 
 def test_a_run_samples_each_step_from_the_checkpoint_update_wrote(served, cli, tmp_path):
-    """Step 1 serves step_0000/policy (with optimizer.safetensors beside the weights), canary-checked;
+    """Step 1 serves step_0000/policy (with its training state in training_state/), canary-checked;
     the update's PPO ratio on vLLM's stored log-probs starts at exactly 1."""
     import json
 
@@ -273,7 +273,7 @@ def test_a_run_samples_each_step_from_the_checkpoint_update_wrote(served, cli, t
                  "--set", "sample.prompts_per_step=4", "--set", "sample.group_size=4", "--set", "evaluate.samples=1",
                  "--set", "evaluate.pass_k=[1]", "--set", "update.epochs=1")
     assert result.exit_code == 0, result.output
-    assert (run / "step_0000" / "policy" / "optimizer.safetensors").exists()
+    assert (run / "step_0000" / "policy" / "training_state" / "optimizer.safetensors").exists()
     recorded = json.loads((run / "step_0000" / "policy" / "checkpoint.json").read_text())["files"]
     assert canary.FILE in recorded  # the reference step 1's canary compared with
     for step in ("step_0000", "step_0001"):

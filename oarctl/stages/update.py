@@ -37,8 +37,8 @@ fresh optimizer there (with a warning when the checkpoint has a state).
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -48,13 +48,15 @@ from tqdm.auto import tqdm
 from oarctl import sharded_state
 from oarctl.artifacts import make_table, temporary_sibling
 from oarctl.batching import loss_share, pad_plan, plan_step
-from oarctl.checkpoints import (OPTIMIZER_STATE, OPTIMIZER_TENSORS, SHARDED_OPTIMIZER, load_master, load_optimizer,
-                                load_policy, load_tokenizer, loaded_files, read_optimizer_state, read_scalars,
+from oarctl.checkpoints import (OPTIMIZER_STATE, OPTIMIZER_TENSORS, SHARDED_OPTIMIZER, TRAINING_STATE, load_master,
+                                load_optimizer, load_policy, load_tokenizer, loaded_files, read_optimizer_state,
+                                read_scalars, replace_directory, save_training_state, training_state_dir,
                                 weight_file_plan, write_weight_files, write_weight_index)
 from oarctl.distributed import (checked_beside, deepspeed, every_rank_reads, fsdp, gather_to_rank_zero,
                                 loads_on_rank_zero_only, make_accelerator, on_rank_zero, raise_on_every_rank,
                                 receive_rank_zero_weights, sharded)
 from oarctl.errors import OarError
+from oarctl.launch import announce_ready
 from oarctl.losses import policy_loss
 from oarctl.policy.logprobs import model_device, pad_rows, response_token_stats
 from oarctl.runner import StageContext, StageOutput, Trained
@@ -179,9 +181,10 @@ def _configure_deepspeed(accelerator, config, accumulation: int) -> None:
 def _optimizer(model, names: list[str], config, context: StageContext, accelerator):
     """AdamW, with the checkpoint's state unless sharded: FSDP loads it after `prepare` (into the shards)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    state = training_state_dir(context.policy.path)
     if not sharded(accelerator):
-        load_optimizer(optimizer, names, context.policy.path)
-    elif deepspeed(accelerator) and (context.policy.path / OPTIMIZER_TENSORS).exists() and accelerator.is_main_process:
+        load_optimizer(optimizer, names, state)
+    elif deepspeed(accelerator) and (state / OPTIMIZER_TENSORS).exists() and accelerator.is_main_process:
         print("update: DeepSpeed ZeRO-3 run: the saved AdamW state is not loaded (fresh optimizer)", file=sys.stderr)
     for group in optimizer.param_groups:  # a config change of the learning rate takes effect
         group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
@@ -222,10 +225,10 @@ def _load_sharded_optimizer(model, optimizer, directory: Path, accelerator) -> N
     raise_on_every_rank(problem, accelerator)
 
 
-def _staging(context: StageContext, accelerator) -> Path:
-    """The checkpoint's temporary folder, named by rank 0's process (which writes the rest of the
-    checkpoint there afterwards), on every rank."""
-    shared = [str(temporary_sibling(context.output)) if accelerator.is_main_process else None]
+def _staging(target: Path, accelerator) -> Path:
+    """`target`'s temporary folder, named by rank 0's process (which writes the rest of it there
+    afterwards and moves it into place), on every rank."""
+    shared = [str(temporary_sibling(target)) if accelerator.is_main_process else None]
     torch.distributed.broadcast_object_list(shared, src=0)
     staging = Path(shared[0])
     staging.mkdir(parents=True, exist_ok=True)
@@ -241,16 +244,37 @@ def _merged(entries: list[dict], prefix: str) -> tuple[dict, dict]:
     return digests, io
 
 
-def _save_sharded_optimizer(model, optimizer, staging: Path, accelerator, with_master: bool) -> tuple[dict, dict]:
-    """Every FSDP rank writes its AdamW shard into the checkpoint's staging folder. Returns, on rank 0,
-    ({relative path: sha256} of the shards, their I/O); the rank-0 share of optimizer.json is written here too."""
+def _write_sharded_training_state(model, optimizer, output: Path, accelerator, with_master: bool) -> dict:
+    """Every FSDP rank writes its shard of the AdamW moments (with_master: and of the fp32 weights) into
+    the training state's staging folder, all at once; rank 0 adds the step counts, seals the folder and
+    moves it into the committed policy as training_state/. Returns the I/O on rank 0, {} on the others."""
+    staging = _staging(output / TRAINING_STATE, accelerator)
     written, scalars = sharded_state.save_shards(model, optimizer.optimizer, staging, accelerator.process_index,
                                                  with_master)
     everyone = gather_to_rank_zero(written, accelerator)
     if not accelerator.is_main_process:
-        return {}, {}
-    (staging / OPTIMIZER_STATE).write_text(json.dumps(scalars, sort_keys=True))
-    return _merged(everyone, "optimizer_shard")
+        return {}
+    digests, io = _merged(everyone, "optimizer_shard")
+    save_training_state(staging, prewritten=digests, scalars=scalars)
+    replace_directory(staging, output / TRAINING_STATE)
+    return io
+
+
+def _training_state_after_commit(model, optimizer, config, context: StageContext, accelerator):
+    """Under FSDP, what the runner calls on every rank once rank 0 has moved the policy (weights,
+    configs, canary) into place: say the policy is ready (`oarctl run` then samples from it while this
+    runs), then write the training state, which only the next update reads."""
+    def write() -> dict:
+        accelerator.wait_for_everyone()  # rank 0 has committed the policy folder
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the gathered weights are gone: the engines get that memory
+        if accelerator.is_main_process:
+            announce_ready(context.output)
+        started = time.perf_counter()
+        io = _write_sharded_training_state(model, optimizer, context.output, accelerator,
+                                           config.save_dtype != "float32")
+        return {**io, "training_state_seconds": round(time.perf_counter() - started, 3)} if io else {}
+    return write
 
 
 def _save_weight_files(model, state_dict: dict, config, staging: Path, accelerator) -> tuple[dict, dict]:
@@ -292,7 +316,8 @@ def _gathered_weights(model, accelerator) -> dict:
 def _trained(model, tokenizer, optimizer, names: list[str], config, context: StageContext,
              accelerator) -> Trained | None:
     """What the runner saves (rank 0 only; None on the other ranks). Under FSDP the ranks have already
-    written, each its share, the AdamW state and the weight files into the checkpoint's staging folder."""
+    written, each its share, the weight files into the checkpoint's staging folder; they write the
+    training state after the runner has committed the rest (_training_state_after_commit)."""
     sixteen_bit = config.save_dtype != "float32"  # then the fp32 weights are saved beside the AdamW state
     if accelerator is None:
         return Trained(model, tokenizer, optimizer, names, save_dtype=config.save_dtype,
@@ -300,12 +325,9 @@ def _trained(model, tokenizer, optimizer, names: list[str], config, context: Sta
     state_dict = _gathered_weights(model, accelerator)
     optimizer_state = _optimizer_state(model, optimizer, names, accelerator)
     prewritten, io = {}, {}
-    if fsdp(accelerator):
-        staging = _staging(context, accelerator)
-        for digests, metrics in (_save_sharded_optimizer(model, optimizer, staging, accelerator, sixteen_bit),
-                                 _save_weight_files(model, state_dict, config, staging, accelerator)):
-            prewritten.update(digests)
-            io.update(metrics)
+    if fsdp(accelerator):  # the weight files now; the training state once the policy is committed
+        prewritten, io = _save_weight_files(model, state_dict, config, _staging(context.output, accelerator),
+                                            accelerator)
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return None
@@ -354,7 +376,7 @@ def _prepare(model, reference, config, context: StageContext, accelerator, accum
         _configure_deepspeed(accelerator, config, accumulation)
         model, optimizer = accelerator.prepare(model, optimizer)
         if fsdp(accelerator):
-            _load_fsdp_optimizer(model, optimizer, names, shapes, context.policy.path, accelerator)
+            _load_fsdp_optimizer(model, optimizer, names, shapes, training_state_dir(context.policy.path), accelerator)
             if accelerator.is_main_process:  # which wrapper really runs: accelerate can fall back to DDP quietly
                 print(f"update: {type(model).__name__} over {accelerator.num_processes} ranks, AdamW state "
                       "carried in the checkpoint", file=sys.stderr)
@@ -379,7 +401,7 @@ def _load(policy, accelerator, trained: bool = True):
         with every_rank_reads():  # the KL reference under rank-0-only loading: transformers would give zeros
             model, tokenizer = load_policy(policy.path, "cpu", verified=True)
     if not on_meta:
-        load_master(model, policy.path, shards=not (trained and fsdp(accelerator)))
+        load_master(model, training_state_dir(policy.path), shards=not (trained and fsdp(accelerator)))
     if rank_zero_reads:
         receive_rank_zero_weights(model, accelerator)  # every rank, on CPU; on GPUs FSDP broadcasts in `prepare`
     return model, tokenizer
@@ -406,8 +428,10 @@ def _checked_inputs(context: StageContext, accelerator):
     if accelerator is None:
         return contextlib.nullcontext()
     files = {context.policy.path: loaded_files(context.policy.path)}
-    if fsdp(accelerator) and (context.policy.path / SHARDED_OPTIMIZER).is_dir():
-        files[context.policy.path] += [*sharded_state.shard_files(context.policy.path), OPTIMIZER_STATE]
+    state = training_state_dir(context.policy.path)
+    if fsdp(accelerator) and (state / SHARDED_OPTIMIZER).is_dir():
+        files.setdefault(state, [])
+        files[state] += [*sharded_state.shard_files(state), OPTIMIZER_STATE]
     if context.reference is not None and context.reference.path != context.policy.path:
         files[context.reference.path] = loaded_files(context.reference.path)
     return checked_beside(files, accelerator)
@@ -431,6 +455,7 @@ def _train(rows: list[dict], config, context: StageContext, accelerator):
                     **_optimizer_step(model, optimizer, reference, mini, plan, config, tokenizer.pad_token_id,
                                       accelerator, scale)})
     model.eval()
+    optimizer.zero_grad(set_to_none=True)  # the gradients' memory goes back before the checkpoint is written
     return model, tokenizer, optimizer, names, log, loaded_peak
 
 
@@ -443,7 +468,8 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     metrics = {key: float(np.mean([entry[key] for entry in log])) for key in log[0] if key not in ("optimizer_step", "epoch")}
     trained = _trained(model, tokenizer, optimizer, names, config, context, accelerator)
     memory = _per_rank({"host_load_peak_rss_mb": loaded_peak, "host_peak_rss_mb": _peak_rss_mb()}, accelerator)
-    return StageOutput(table, {**metrics, **memory}, trained=trained)
+    after_commit = _training_state_after_commit(model, optimizer, config, context, accelerator) if fsdp(accelerator) else None
+    return StageOutput(table, {**metrics, **memory}, trained=trained, after_commit=after_commit)
 
 
 def _peak_rss_mb() -> float:
