@@ -22,7 +22,9 @@ fp32 weights: six times the served weights) afterwards, which only the next upda
 says when the policy is in place (`announce_ready`, through the file named by OARCTL_READY_FILE), and
 `oarctl run` goes on sampling the next step meanwhile (`Launched.wait_ready`); it waits for the launch
 to end (`Launched.finish`) before the next launched stage, and the step counts as done only when the
-update's manifest is written, after the training state.
+update's manifest is written, after the training state. On GPUs the ranks still hold their shards
+meanwhile, so the engines reload their weights in place beside them but map their KV cache again only
+once the launch has ended (`wait_for_gpus`, called between the two by oarctl/policy/vllm_backend.py).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,15 +122,26 @@ def announce_ready(output: Path) -> None:
         write_bytes_atomically(target, json.dumps({"policy": str(output)}))
 
 
+_holding_gpus: list = []  # the Launched whose ranks may still hold GPU memory (at most one)
+
+
 class Launched:
-    """A stage running under `accelerate launch` in the background."""
+    """A stage running under `accelerate launch` in the background. Its `ended_file` appears when the
+    process has ended (a watcher thread writes it), for engine workers in other processes to wait on."""
 
     def __init__(self, stage: str, command: list[str], output: Path, config_file: str):
         self.stage, self.output, self.config_file = stage, output, config_file
         self.ready_file = output.with_name(f".{output.name}.ready.tmp-{os.getpid()}")  # swept if the run dies
-        self.ready_file.unlink(missing_ok=True)
+        self.ended_file = output.with_name(f".{output.name}.ended.tmp-{os.getpid()}")
+        for marker in (self.ready_file, self.ended_file):
+            marker.unlink(missing_ok=True)
         environment = {**os.environ, READY_FILE: str(self.ready_file)}
         self.process = subprocess.Popen(command, preexec_fn=terminate_with_parent, env=environment)
+        threading.Thread(target=self._watch, daemon=True).start()
+        _holding_gpus[:] = [self]
+
+    def _watch(self) -> None:
+        self.ended_file.write_text(str(self.process.wait()))
 
     def wait_ready(self, poll_seconds: float = 0.05) -> None:
         """Until the stage says its output may be read, or ends (an OarError if it failed)."""
@@ -139,10 +153,30 @@ class Launched:
     def finish(self) -> None:
         """Wait for the launch to end; an OarError if it failed."""
         code = self.process.wait()
-        self.ready_file.unlink(missing_ok=True)
+        while not self.ended_file.exists():  # the watcher writes it right after the same wait
+            time.sleep(0.01)
+        for marker in (self.ready_file, self.ended_file):
+            marker.unlink(missing_ok=True)
+        if self in _holding_gpus:
+            _holding_gpus.clear()
         if code != 0:
             raise OarError(f"{self.output}: the {self.stage} under accelerate launch ({self.config_file}) "
                            f"exited with code {code}; its output is above")
+
+
+def gpus_free_file() -> str | None:
+    """The file that appears when the launch still holding GPU memory has ended (None: no such launch)."""
+    return str(_holding_gpus[0].ended_file) if _holding_gpus else None
+
+
+def wait_for_gpus(ended_file: str | None = None, poll_seconds: float = 0.05) -> float:
+    """Wait until the launched stage that may still hold GPU memory has ended: the one this process
+    started, or the one whose `ended_file` a parent named. Returns the seconds waited."""
+    ended_file = ended_file or gpus_free_file()
+    started = time.perf_counter()
+    while ended_file and not Path(ended_file).exists():
+        time.sleep(poll_seconds)
+    return time.perf_counter() - started
 
 
 def start_stage(stage: str, config, input_path: Path, output: Path, policy: Path, step: int, run_config: Path,

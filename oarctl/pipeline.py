@@ -226,7 +226,7 @@ def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force
         output = folder / STEP_OUTPUTS[name]
         (input_name,) = stage.inputs
         inputs = {input_name: previous[name]}
-        if name in launched or (name == "sample" and _gpus_shared()):
+        if name in launched or (name == "verify" and _gpus_shared()):
             settle()
         if name == "update" and name in launched:
             return metrics, _update_in_background(config, inputs, output, step, policy, run_dir, force, log)
@@ -245,8 +245,9 @@ def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force
 
 
 def _gpus_shared() -> bool:
-    """On GPUs the engines would wake beside the update ranks still writing their training state, and
-    their KV cache does not fit beside the ranks' memory: there sampling waits for the launch to end."""
+    """On GPUs the update ranks still writing their training state hold their shards: the engines map
+    their KV cache only once the launch has ended (launch.wait_for_gpus), and after sampling the step
+    waits for it too, so that an in-process attribute stage never runs beside the ranks."""
     import torch
 
     return torch.cuda.is_available()

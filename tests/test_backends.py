@@ -214,6 +214,38 @@ def test_on_cuda_an_engine_sleeps_between_steps_and_is_reloaded_in_place(fake_en
     assert ("reload_weights", "B") in calls and vllm_backend.load_report()["engine"] == "reloaded"
 
 
+def test_on_cuda_the_kv_cache_waits_for_a_launched_update_still_writing(fake_engines, monkeypatch, tmp_path):
+    """A launched update that has committed the policy but still writes its training state holds GPU
+    memory: the sleeping engine reloads its weights beside it, and maps its KV cache only once the
+    launch has ended. A replica learns of that launch from its load request (the file its end makes)."""
+    import sys
+
+    from oarctl import launch
+    from oarctl.policy import vllm_replicas
+
+    vllm_backend, calls, (a, b, _) = fake_engines
+    monkeypatch.setattr(vllm_backend, "reload_in_place_works", lambda: True)
+    vllm_backend.served_engine(a)
+    vllm_backend.rest_engine()
+    calls.clear()
+    pending = launch.Launched("update", [sys.executable, "-c", "import time; time.sleep(1.5)"], tmp_path / "policy",
+                              "fake.yaml")
+    monkeypatch.setattr(FakeEngine, "wake_up", lambda self, tags=None: calls.append(
+        ("wake", tuple(tags), pending.process.poll() is not None)))
+    vllm_backend.served_engine(b)
+    assert calls == [("wake", ("weights",), False), ("reload_weights", "B"), ("wake", ("kv_cache",), True)]
+    assert launch.gpus_free_file() == str(pending.ended_file)
+    pending.finish()
+    assert launch.gpus_free_file() is None and launch.wait_for_gpus() < 0.01
+    # in a replica: the parent's launch is named in the load request, and forgotten after it
+    seen = []
+    monkeypatch.setattr(vllm_backend, "served_engine", lambda policy, reference: seen.append(
+        vllm_backend.GPUS_FREE["file"]))
+    vllm_replicas._load_here({"path": str(b.path), "device": "cpu", "vllm": b.vllm, "canary": None,
+                              "gpus_free": "/run/ended"})
+    assert seen == ["/run/ended"] and vllm_backend.GPUS_FREE["file"] is None
+
+
 def test_on_cuda_a_reload_that_fails_the_canary_is_rebuilt_exactly_once(fake_engines, monkeypatch):
     vllm_backend, calls, (a, _, c) = fake_engines
     monkeypatch.setattr(vllm_backend, "reload_in_place_works", lambda: True)

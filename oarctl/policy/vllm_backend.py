@@ -153,11 +153,18 @@ def reload_weights(llm, path: Path) -> None:
     llm.reset_prefix_cache()
 
 
+GPUS_FREE = {"file": None}  # in a replica: the file its parent said appears once the GPUs are free
+
+
 def _wake_and_reload(llm, path: Path) -> None:
     """A sleeping engine: map its weight memory again, fill it from `path`, then map its KV cache (so
-    the reload's temporaries never meet a full KV cache)."""
+    the reload's temporaries never meet a full KV cache). The KV cache waits for a launched update
+    still writing its training state to end: its ranks hold their shards until then (oarctl/launch.py)."""
+    from oarctl.launch import wait_for_gpus
+
     llm.wake_up(tags=["weights"])
     llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+    wait_for_gpus(GPUS_FREE["file"])
     llm.wake_up(tags=["kv_cache"])
     llm.reset_prefix_cache()
 

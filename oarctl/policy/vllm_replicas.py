@@ -164,11 +164,14 @@ def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, t
 
     reference, weight_check = (canary.reference_with_weight_check(policy) if policy.vllm["canary_tokens"]
                                else (None, None))
+    from oarctl.launch import gpus_free_file
+
     running = replicas(policy.vllm)
     served = {"path": str(policy.path), "device": policy.device, "vllm": policy.vllm, "canary": reference}
+    gate = {"gpus_free": gpus_free_file()}  # a launched update still ending: KV caches wait for it
     # the replicas load (and canary-check) the weights while this process verifies them; nothing is
     # generated before that check has passed
-    loads = vllm_backend.loaded_while_checked(lambda: _exchange(running, [{"kind": "load", **served}] * len(running)),
+    loads = vllm_backend.loaded_while_checked(lambda: _exchange(running, [{"kind": "load", **served, **gate}] * len(running)),
                                               weight_check, stop)
     parts = shares(len(prompt_token_ids), len(running))
     replies = _exchange(running, [
@@ -234,10 +237,13 @@ def _load_here(request: dict) -> dict:
     from oarctl.runner import Policy
 
     policy = Policy(Path(request["path"]), request["device"], "vllm", request["vllm"])
+    vllm_backend.GPUS_FREE["file"] = request.get("gpus_free")
     try:
         vllm_backend.served_engine(policy, reference=request["canary"])
     except OarError as error:
         return {"error": str(error)}
+    finally:
+        vllm_backend.GPUS_FREE["file"] = None
     return {"engine": vllm_backend.load_report()}
 
 
