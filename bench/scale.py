@@ -989,6 +989,13 @@ def _hash_seconds(size: float, files: int, hash_bytes_per_s: float) -> float:
     return size / (min(HASH_THREADS, max(1, files)) * hash_bytes_per_s)
 
 
+def saved_bytes(setting: Setting) -> tuple[float, float]:
+    """(W, O): the weights in update.save_dtype; the training state, AdamW fp32 (8P) plus the fp32 weights
+    (4P) when W is 16-bit."""
+    P, cfg = parameters(setting.shape), setting.config
+    return dtype_bytes(cfg.update.save_dtype) * P, (8 if cfg.update.save_dtype == "float32" else 12) * P
+
+
 def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: float,
                   compute: dict[str, float]) -> list[tuple[str, float, float]]:
     """(term, bytes, seconds) of the checkpoint traffic on one step's critical path, as the code is today.
@@ -997,7 +1004,10 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
     R ranks write and hash them in turn (file i by rank i mod R, so ceil(F/R) files each, hashed in
     threads), else rank 0 writes all F; and AdamW O = 8P, plus the fp32 weights 4P when W is 16-bit: under
     FSDP each of the R ranks writes and hashes its own O/R at once (sharded_state, in FILES_PER_RANK
-    files), else rank 0 writes and hashes all of it. Loaded: every process that loads the
+    files) after the policy folder is committed, while `oarctl run` goes on: the engines reload W in place
+    beside it and map their KV cache once the launch has ended (launch.wait_for_gpus), so only what
+    outlasts their reload is on the critical path; else rank 0 writes and hashes all of it before the
+    commit. Loaded: every process that loads the
     policy verifies the weight files it reads once: the sampling process for its engines (while they
     load them, so only what outlasts the load is on the critical path), and the
     attribute and update ranks shared out (each file hashed by one rank, ceil(F/R) files each; the update
@@ -1008,11 +1018,8 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
     parallel file system or a disk per GPU pair; a node with one disk for all is slower: see the note).
     The canary needs no copy of the model (its reference travels with the checkpoint) and the engines are
     kept from step to step, so neither is a cost here."""
-    s, cfg = setting.shape, setting.config
-    P = parameters(s)
-    W, O = dtype_bytes(cfg.update.save_dtype) * P, 8 * P  # model.safetensors in update.save_dtype; AdamW fp32
-    if cfg.update.save_dtype != "float32":
-        O += 4 * P  # the fp32 weights travel with the AdamW state (sharded under FSDP)
+    cfg = setting.config
+    W, O = saved_bytes(setting)
     weight_files = max(1, math.ceil(W / (cfg.update.weight_file_mb * 1e6)))
     disk, hashing = disk_gbps * GB, hash_gbps * GB
     engines = max(1, cfg.vllm.data_parallel_size) if cfg.policy.backend in ("vllm", "auto") else 1
@@ -1026,17 +1033,22 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
     own_files = math.ceil(weight_files / writers)  # the most weight files one writer has
     own_weights = own_files * W / weight_files
     state = "AdamW + fp32 weights" if cfg.update.save_dtype != "float32" else "AdamW"
-    terms = [(f"{state}: {writers} rank(s) write their share at once", O, shard / disk),
-             (f"{state}: each writer hashes its share", O, _hash_seconds(shard, shard_files, hashing)),
-             (f"weights ({cfg.update.save_dtype}, {weight_files} files): {writers} rank(s) write them in turn", W,
-              own_weights / disk),
-             (f"weights: each writer hashes its files (up to {own_files})", W,
-              _hash_seconds(own_weights, own_files, hashing)),
-             ("engines reload the weights in place (first read from disk)", engines * W, W / disk),
+    write_state, hash_state = shard / disk, _hash_seconds(shard, shard_files, hashing)
+    reload = W / disk  # the engines' weights, read in place
+    if sharded:  # written after the policy is committed, while the engines reload it (their KV cache waits)
+        terms = [(f"{state}: {writers} ranks write and hash their share once the policy is committed, beside "
+                  "the engines' reload (only what outlasts it)", O, max(0.0, write_state + hash_state - reload))]
+    else:  # rank 0 writes it before the policy is committed
+        terms = [(f"{state}: rank 0 writes it", O, write_state), (f"{state}: rank 0 hashes it", O, hash_state)]
+    terms += [(f"weights ({cfg.update.save_dtype}, {weight_files} files): {writers} rank(s) write them in turn", W,
+               own_weights / disk),
+              (f"weights: each writer hashes its files (up to {own_files})", W,
+               _hash_seconds(own_weights, own_files, hashing)),
+              ("engines reload the weights in place (first read from disk)", engines * W, reload),
              # the sampling process checks them while its engines load them (the same bytes: whichever reads a
              # page first takes it from disk, the other from the page cache): only what outlasts the load counts
-             (f"the sampling process verifies them for its {engines} engine(s), beside the load", W,
-              max(0.0, verify_weights - W / disk))]
+              (f"the sampling process verifies them for its {engines} engine(s), beside the load", W,
+               max(0.0, verify_weights - reload))]
 
     def shared_out(ranks: int) -> float:  # ranks that all read the weights verify ceil(F / R) files each
         files = math.ceil(weight_files / ranks)
@@ -1066,11 +1078,12 @@ def print_checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_g
     for name, size, seconds in terms:
         print(f"     {name:<66} {size / GB:8.1f} GB {seconds:8.1f} s")
     share = total / (total + step_seconds)
-    written = sum(size for name, size, _ in terms if name.endswith(("at once", "in turn")))
-    one_disk = written / (disk_gbps * GB)
+    W, O = saved_bytes(setting)
+    one_disk = (2 * W + O) / (disk_gbps * GB)  # the weights written, then read by the engines beside O's write
     print(f"     {'total':<66} {sum(b for _, b, _ in terms) / GB:8.1f} GB {total:8.1f} s = {share:.0%} of the step "
           f"({step_seconds:.1f} s of compute)")
-    print(f"     note: with one {disk_gbps} GB/s disk for the whole node, the writes alone take {one_disk:.0f} s "
+    print(f"     note: with one {disk_gbps} GB/s disk for the whole node, the weights' write, their read by the "
+          f"engines and the training state's write take (2W + O) / disk = {one_disk:.0f} s "
           f"= {one_disk / (one_disk + step_seconds):.0%} of the step, whatever the ranks do")
     if share <= 0.10:
         return f"PASS (d) {setting.path}: checkpoint I/O {share:.0%} of the step"
