@@ -18,7 +18,9 @@ off); what is measured is cost, not learning.
 After the step's update in this process, the same update runs again under `accelerate launch` with
 configs/accelerate/fsdp.yaml over every visible GPU (--tiny: cpu-fsdp-2proc.yaml, two CPU ranks),
 as `oarctl run` does with update.accelerate_config, and the largest weight difference between the
-two checkpoints is printed (its peak memory is the launched processes', not measured here). fsdp.yaml
+two checkpoints is printed (its peak memory is the launched processes', not measured here), with
+when the policy was committed (`policy_ready_seconds`: `oarctl run` samples from then on) and how long
+the ranks then wrote the training state (`training_state_seconds`: what the engines' reload hides). fsdp.yaml
 loads on rank 0 only (fsdp_cpu_ram_efficient_loading: the other ranks start from the meta device and
 FSDP's sync_module_states broadcasts the weights, a path CPU FSDP refuses): a wrong broadcast shows
 as a large weight difference.
@@ -343,7 +345,8 @@ def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Pa
                  {"weight_difference": difference, "weight_files": len(list((work / "policy_fsdp").glob("model*.safetensors"))),
                   **{key: io[key] for key in ("weight_file_write_seconds", "weight_file_hash_seconds",
                                               "optimizer_shard_write_seconds", "checkpoint_verify_seconds",
-                                              "checkpoint_verify_waited_seconds") if key in io}}))
+                                              "checkpoint_verify_waited_seconds", "policy_ready_seconds",
+                                              "training_state_seconds") if key in io}}))
 
 
 def _note(name: str, seconds: float, metrics: dict) -> str:
