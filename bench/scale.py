@@ -716,10 +716,24 @@ class Report:
     every_group: dict  # method -> seconds when every group is scored (for the mixed-fraction break-even)
 
 
+def resident_update_bytes(setting: Setting, hw: Hardware) -> float:
+    """Per GPU, what a persistent FSDP update worker (update.persistent) keeps between steps, beside the
+    engines and the attribute stage: its shard of the fp32 weights and of AdamW's two moments, 12 P / G
+    (the gradients are freed after each step)."""
+    cfg = setting.config
+    if not (cfg.update.persistent and _accelerate_kind(cfg.update.accelerate_config) == "fsdp"):
+        return 0.0
+    return 12 * parameters(setting.shape) / _accelerate_processes(cfg.update.accelerate_config, hw.gpus)
+
+
 def evaluate_setting(setting: Setting, hw: Hardware) -> Report:
     method = setting.config.attribute.method
     methods = {m: attribute_stage(setting, hw, m) for m in METHODS}
     stages = {"sample": sample_stage(setting, hw), f"attribute ({method})": methods[method], "update": update_stage(setting, hw)}
+    resident = resident_update_bytes(setting, hw)
+    for cost in [stages["sample"], *methods.values()]:
+        if resident and cost.held_bytes:  # a stage that holds nothing (uniform) does not run
+            cost.hold(update_resident=resident)
     limit = hw.memory_gb * GB
     fits = {name: cost.held_bytes <= limit and cost.vllm_fits for name, cost in stages.items()}
     every_group = {}
@@ -1057,7 +1071,10 @@ def checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_gbps: f
     if attribute_ranks:
         terms.append((f"{attribute_ranks} attribute ranks verify the weights shared out, beside their scoring", W,
                       max(0.0, shared_out(attribute_ranks) - compute["attribute"])))
-    if sharded:  # the ranks' share of the weights and the AdamW shards, beside their training
+    if sharded and cfg.update.persistent:
+        terms.append((f"{update_ranks} update ranks keep the model and {state} in memory (update.persistent): "
+                      "nothing read", 0.0, 0.0))
+    elif sharded:  # the ranks' share of the weights and the AdamW shards, beside their training
         update_check = shared_out(update_ranks) + _hash_seconds(O / update_ranks, shard_files, hashing)
         terms.append((f"{update_ranks} update ranks verify the weights and {state} shared out, beside their "
                       "training", W + O, max(0.0, update_check - compute["update"])))

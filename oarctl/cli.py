@@ -127,6 +127,22 @@ def update(advantages: Path, output: Path = OutputOption, policy: Optional[Path]
     _stage_command("update", advantages, output, config, set, policy=policy, step=step, force=force)
 
 
+@app.command("update-worker", hidden=True)
+@user_errors
+def update_worker(folder: Path, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
+    """The ranks of a persistent update worker (update.persistent): launched once by `oarctl run`,
+    they answer one update request per step from FOLDER (oarctl/update_worker.py)."""
+    from oarctl.update_worker import serve
+
+    try:
+        serve(folder, _config(config, set), _log)
+    finally:
+        from oarctl.distributed import release_process_group
+
+        release_process_group()
+    _leave_if_launched()
+
+
 @app.command()
 @user_errors
 def evaluate(prompts: Optional[Path] = typer.Argument(None, help="prompts file (omit when evaluate.benchmarks is set)"),

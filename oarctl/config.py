@@ -164,6 +164,9 @@ class UpdateConfig:
                                        "hash them in threads; under FSDP the ranks write the files in turn, at once")
     accelerate_config: str = option("", "accelerate config file: `oarctl run` starts each update with `accelerate "
                                         "launch --config_file FILE` (configs/accelerate/); empty: in the run's process")
+    persistent: bool = option(False, "with accelerate_config and FSDP: `oarctl run` launches the update ranks once "
+                                     "and they keep the model and AdamW state in memory from step to step (every "
+                                     "step's checkpoint is still written); else one launch per step")
 
 
 @dataclass

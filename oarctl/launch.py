@@ -31,6 +31,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -54,14 +55,20 @@ def accelerate_config(path: str, option: str = "update.accelerate_config") -> di
     return read_yaml_mapping(Path(path), f"{option} file", "accelerate's options")
 
 
+def _launcher(config_file: str, option: str) -> list[str]:
+    """`accelerate launch --config_file FILE [--main_process_port P]`, as argv (run by this Python)."""
+    settings = accelerate_config(config_file, option)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config_file]
+    if int(settings.get("num_machines", 1)) <= 1 and "main_process_port" not in settings:
+        command += ["--main_process_port", str(_free_port())]  # two runs on one machine must not share one
+    return command
+
+
 def stage_command(stage: str, config_file: str, input_path: Path, output: Path, policy: Path, step: int,
                   run_config: Path, force: bool) -> list[str]:
     """`accelerate launch --config_file FILE -m oarctl.cli STAGE INPUT -o OUTPUT --policy POLICY --step N
     -c RUN_CONFIG`, as argv (the launcher run by this Python)."""
-    settings = accelerate_config(config_file, f"{stage}.accelerate_config")
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config_file]
-    if int(settings.get("num_machines", 1)) <= 1 and "main_process_port" not in settings:
-        command += ["--main_process_port", str(_free_port())]  # two runs on one machine must not share one
+    command = _launcher(config_file, f"{stage}.accelerate_config")
     command += ["-m", "oarctl.cli", stage, str(input_path), "-o", str(output), "--policy", str(policy),
                 "--step", str(step), "-c", str(run_config)]
     return command + (["--force"] if force else [])
@@ -122,12 +129,42 @@ def announce_ready(output: Path) -> None:
         write_bytes_atomically(target, json.dumps({"policy": str(output)}))
 
 
-_holding_gpus: list = []  # the Launched whose ranks may still hold GPU memory (at most one)
+_holding_gpus: list = []  # the Pending whose ranks may still hold GPU memory (at most one)
 
 
-class Launched:
-    """A stage running under `accelerate launch` in the background. Its `ended_file` appears when the
-    process has ended (a watcher thread writes it), for engine workers in other processes to wait on."""
+class Pending:
+    """A launched stage's work in progress: ready once its output may be read (`ready_file`), ended once
+    it is all written (`ended_file`, which engine workers in other processes can wait on)."""
+
+    stage: str
+    output: Path
+    ready_file: Path
+    ended_file: Path
+
+    def ended(self) -> bool:
+        raise NotImplementedError
+
+    def wait_ready(self, poll_seconds: float = 0.05) -> None:
+        """Until the stage says its output may be read, or ends (an OarError if it failed)."""
+        while not self.ready_file.exists() and not self.ended():
+            time.sleep(poll_seconds)
+        if self.ended():
+            self.finish()
+
+    def finish(self) -> None:
+        """Wait for the end; an OarError if it failed."""
+        raise NotImplementedError
+
+    def _forget(self) -> None:
+        for marker in (self.ready_file, self.ended_file):
+            marker.unlink(missing_ok=True)
+        if self in _holding_gpus:
+            _holding_gpus.clear()
+
+
+class Launched(Pending):
+    """A stage running in its own `accelerate launch`, in the background. A watcher thread writes
+    `ended_file` when the process has ended."""
 
     def __init__(self, stage: str, command: list[str], output: Path, config_file: str):
         self.stage, self.output, self.config_file = stage, output, config_file
@@ -143,25 +180,106 @@ class Launched:
     def _watch(self) -> None:
         self.ended_file.write_text(str(self.process.wait()))
 
-    def wait_ready(self, poll_seconds: float = 0.05) -> None:
-        """Until the stage says its output may be read, or ends (an OarError if it failed)."""
-        while not self.ready_file.exists() and self.process.poll() is None:
-            time.sleep(poll_seconds)
-        if self.process.poll() is not None:
-            self.finish()
+    def ended(self) -> bool:
+        return self.process.poll() is not None
 
     def finish(self) -> None:
-        """Wait for the launch to end; an OarError if it failed."""
         code = self.process.wait()
         while not self.ended_file.exists():  # the watcher writes it right after the same wait
             time.sleep(0.01)
-        for marker in (self.ready_file, self.ended_file):
-            marker.unlink(missing_ok=True)
-        if self in _holding_gpus:
-            _holding_gpus.clear()
+        self._forget()
         if code != 0:
             raise OarError(f"{self.output}: the {self.stage} under accelerate launch ({self.config_file}) "
                            f"exited with code {code}; its output is above")
+
+
+class UpdateWorker:
+    """The update ranks of a whole run, launched once (update.persistent; oarctl/update_worker.py), sent
+    one request per step. Its folder of requests is a hidden temporary of the run's process."""
+
+    def __init__(self, config, run_dir: Path, log=print):
+        self.config_file = config.update.accelerate_config
+        self.folder = run_dir / f".update-worker.tmp-{os.getpid()}"
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir(parents=True)
+        command = _launcher(self.config_file, "update.accelerate_config")
+        command += ["-m", "oarctl.cli", "update-worker", str(self.folder), "-c", str(run_dir / "config.yaml")]
+        rest_generation_engines()
+        log(f"update: accelerate launch --config_file {self.config_file} (one worker for the whole run)")
+        self.process = subprocess.Popen(command, preexec_fn=terminate_with_parent)
+        self.requests = 0
+
+    def submit(self, advantages: Path, output: Path, policy: Path, step: int, force: bool, log=print) -> Pending:
+        from oarctl.update_worker import REQUEST
+
+        rest_generation_engines()
+        request = WorkerRequest(self, self.requests, output)
+        self.requests += 1
+        self._send({"id": request.id, "advantages": str(advantages), "output": str(output), "policy": str(policy),
+                    "step": step, "force": force, "ready_file": str(request.ready_file)}, REQUEST)
+        log(f"update: step {step} sent to the update worker")
+        return request
+
+    def _send(self, message: dict, name: str) -> None:
+        from oarctl.artifacts import write_bytes_atomically
+
+        write_bytes_atomically(self.folder / name, json.dumps(message))
+
+    def stop(self, seconds: float = 60) -> None:
+        """Ask the ranks to leave, and make sure they did; then remove the request folder."""
+        from oarctl.update_worker import REQUEST
+
+        if self.process.poll() is None:
+            self._send({"id": self.requests, "stop": True}, REQUEST)
+            try:
+                self.process.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                self.process.terminate()
+                self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class WorkerRequest(Pending):
+    """One step's update sent to the UpdateWorker; ended once rank 0 has answered."""
+
+    def __init__(self, worker: UpdateWorker, request_id: int, output: Path):
+        from oarctl.update_worker import answer_path
+
+        self.worker, self.id, self.stage, self.output = worker, request_id, "update", output
+        self.ready_file = output.with_name(f".{output.name}.ready.tmp-{os.getpid()}")
+        self.ended_file = answer_path(worker.folder, request_id)
+        self.ready_file.unlink(missing_ok=True)
+        _holding_gpus[:] = [self]
+
+    def ended(self) -> bool:
+        return self.ended_file.exists() or self.worker.process.poll() is not None
+
+    def finish(self, poll_seconds: float = 0.05) -> None:
+        while not self.ended_file.exists() and self.worker.process.poll() is None:
+            time.sleep(poll_seconds)
+        answer = json.loads(self.ended_file.read_text()) if self.ended_file.exists() else None
+        self._forget()
+        if answer is None:
+            raise OarError(f"{self.output}: the update worker (accelerate launch, {self.worker.config_file}) "
+                           f"exited with code {self.worker.process.returncode}; its output is above")
+        if "error" in answer:
+            raise OarError(answer["error"])
+
+
+_workers: list[UpdateWorker] = []  # this process's persistent update worker, once started
+
+
+def update_worker(config, run_dir: Path, log=print) -> UpdateWorker:
+    """The run's persistent update worker, launched at the first call (again if it has exited)."""
+    if not _workers or _workers[0].process.poll() is not None:
+        stop_update_worker()
+        _workers.append(UpdateWorker(config, run_dir, log))
+    return _workers[0]
+
+
+def stop_update_worker() -> None:
+    while _workers:
+        _workers.pop().stop()
 
 
 def gpus_free_file() -> str | None:

@@ -21,7 +21,8 @@ import yaml
 from oarctl import config as config_module
 from oarctl.artifacts import write_bytes_atomically, write_parquet
 from oarctl.errors import OarError
-from oarctl.launch import accelerate_config, launch_stage, rest_generation_engines, start_stage
+from oarctl.launch import (accelerate_config, launch_stage, rest_generation_engines, start_stage, stop_update_worker,
+                           update_worker)
 from oarctl.logging_backends import MetricsSinks
 from oarctl.report.run_report import read_metrics
 from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
@@ -114,6 +115,7 @@ def key_section(config, name: str) -> dict:
 
     section = config_module.section_dict(config, name)
     section.pop("accelerate_config", None)  # how the stage is launched, not what it computes
+    section.pop("persistent", None)
     if name == "attribute":
         section = config_module.attribute_key(section, [config.attribute.method])
     if name in TEMPLATED_STAGES and config.data.prompt_template != DEFAULT:
@@ -263,7 +265,11 @@ def _update_in_background(config, inputs: dict, output: Path, step: int, policy:
     if not force and stage_state("update", config, inputs, output, step=step, policy_path=policy) == "done":
         return metrics
     (input_path,) = inputs.values()
-    launched = start_stage("update", config, input_path, output, policy, step, run_dir / "config.yaml", force, log)
+    if config.update.persistent:  # the run's update ranks, launched once, keep the model from step to step
+        launched = update_worker(config, run_dir, log).submit(input_path, output, policy, step, force, log)
+    else:
+        launched = start_stage("update", config, input_path, output, policy, step, run_dir / "config.yaml", force,
+                               log)
     launched.wait_ready()
 
     def finished() -> dict:
@@ -357,12 +363,15 @@ def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
         sinks.send(lines)
         _prune(run_dir, step, config)
 
-    for step in range(steps):
-        unfinished.append((step, *_run_step(config, run_dir, step, data["train"], policy, force, log, settle)))
-        policy = step_dir(run_dir, step) / "policy"
-        if _evaluated(step, config) or "update" not in _launched_stages(config):
-            settle()  # at once unless the update runs on; an evaluation's line follows its step's
-    settle()
+    try:
+        for step in range(steps):
+            unfinished.append((step, *_run_step(config, run_dir, step, data["train"], policy, force, log, settle)))
+            policy = step_dir(run_dir, step) / "policy"
+            if _evaluated(step, config) or "update" not in _launched_stages(config):
+                settle()  # at once unless the update runs on; an evaluation's line follows its step's
+        settle()
+    finally:
+        stop_update_worker()  # update.persistent: its ranks leave with the run
     write_bytes_atomically(run_dir / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
     sinks.send(lines)
     sinks.close()

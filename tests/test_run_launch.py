@@ -4,6 +4,7 @@ policy replicated) runs under `accelerate launch`, and the run continues from wh
 processes wrote."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 from conftest import hidden_temporaries, oarctl_executable
 from safetensors.torch import load_file
 
@@ -104,6 +106,36 @@ def test_a_launch_is_ready_when_its_stage_says_so_before_it_ends(tmp_path):
     assert hidden_temporaries(tmp_path) == []
 
 
+def test_a_persistent_update_worker_keeps_the_model_and_matches_one_launch_per_step(cli, tiny_config, tmp_path):
+    """update.persistent: the FSDP ranks are launched once for the run and keep the model, AdamW state
+    (and step counts) in memory; from the second step on they read no checkpoint bytes, yet every step's
+    weights and AdamW state are byte for byte those of one launch per step (which reads them from disk),
+    so the samples drawn from them are too. The run leaves no worker process and no temporary behind."""
+    config = tiny_config(signal=True, run={"steps": 3, "progress": False, "eval_every": 0, "keep_checkpoints": 3},
+                         update={"micro_batch_tokens": 80})
+    launch = ["--set", f"update.accelerate_config={FSDP_ON_TWO_CPU_PROCESSES}"]
+    per_step = cli("run", "-c", config, "--run-dir", tmp_path / "per_step", *launch)
+    assert per_step.exit_code == 0, per_step.output
+    persistent = cli("run", "-c", config, "--run-dir", tmp_path / "persistent", *launch, "--set", "update.persistent=true")
+    assert persistent.exit_code == 0, persistent.output
+    assert per_step.output.count("accelerate launch") == 3 and persistent.output.count("accelerate launch") == 1
+    for step in ("step_0000", "step_0001", "step_0002"):
+        one, two = tmp_path / "per_step" / step, tmp_path / "persistent" / step
+        assert (one / "policy" / "model.safetensors").read_bytes() == (two / "policy" / "model.safetensors").read_bytes()
+        state_one, state_two = one / "policy" / "training_state", two / "policy" / "training_state"
+        assert (state_one / "optimizer.json").read_bytes() == (state_two / "optimizer.json").read_bytes()
+        for shard in (state_one / "optimizer").iterdir():  # the tensors (DCP's header order varies from run to run)
+            first, second = load_file(shard), load_file(state_two / "optimizer" / shard.name)
+            assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+        assert (one / "rollouts.parquet").read_bytes() == (two / "rollouts.parquet").read_bytes()
+        metrics = json.loads((two / "policy.manifest.json").read_text())["metrics"]
+        kept = step != "step_0000"
+        assert metrics["resident"] == int(kept) and (metrics["checkpoint_bytes_read"] == 0) == kept, (step, metrics)
+    assert hidden_temporaries(tmp_path / "persistent") == []
+    assert _wait_for(lambda: not _processes_naming(tmp_path / "persistent"), 30)
+    _resumes_without_launching(cli, config, tmp_path / "persistent", [*launch, "--set", "update.persistent=true"])
+
+
 def _token_scores(path: Path) -> list[np.ndarray]:
     return [np.array(s, dtype=np.float64) for s in pq.read_table(path)["token_scores"].to_pylist()]
 
@@ -158,23 +190,28 @@ def _wait_for(condition, seconds: float) -> bool:
     return condition()
 
 
-# stage -> (accelerate config, the input its launcher and ranks name, its output, the file that finishes it)
-LAUNCHED = {"update": (FSDP_ON_TWO_CPU_PROCESSES, "advantages.parquet", "policy", "policy/checkpoint.json"),
-            "attribute": (TWO_CPU_PROCESSES, "verified.parquet", "attributions.parquet",
-                          "attributions.parquet.manifest.json")}
+# launched -> (stage, accelerate config, what its launcher and ranks name (in the run folder), its output,
+# the file that finishes it, more --set)
+LAUNCHED = {"update": ("update", FSDP_ON_TWO_CPU_PROCESSES, "step_0000/advantages.parquet", "policy",
+                       "policy.manifest.json", []),
+            "persistent update": ("update", FSDP_ON_TWO_CPU_PROCESSES, ".update-worker.tmp-", "policy",
+                                  "policy.manifest.json", ["--set", "update.persistent=true"]),
+            "attribute": ("attribute", TWO_CPU_PROCESSES, "step_0000/verified.parquet", "attributions.parquet",
+                          "attributions.parquet.manifest.json", [])}
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to find the launched processes")
-@pytest.mark.parametrize("stage", ["update", "attribute"])
-def test_a_run_killed_during_a_launched_stage_leaves_no_rank_behind_and_resumes(tiny_config, tmp_path, stage):
+@pytest.mark.parametrize("launched", list(LAUNCHED))
+def test_a_run_killed_during_a_launched_stage_leaves_no_rank_behind_and_resumes(tiny_config, tmp_path, launched):
     """SIGKILL of `oarctl run` while the launcher and both ranks are up: the launcher gets SIGTERM
-    (parent-death signal) and stops its ranks; rerunning the command finishes the step."""
-    launcher_config, input_name, output_name, finished = LAUNCHED[stage]
+    (parent-death signal) and stops its ranks; rerunning the command finishes the step. The persistent
+    update worker too: the rerun starts one that reads the checkpoint from disk."""
+    stage, launcher_config, name, output_name, finished, extra = LAUNCHED[launched]
     config = tiny_config(signal=True, run={"steps": 1, "progress": False})
     run = tmp_path / "run"
     command = [oarctl_executable(), "run", "-c", str(config), "--run-dir", str(run),
-               "--set", f"{stage}.accelerate_config={launcher_config}"]
-    named = run / "step_0000" / input_name
+               "--set", f"{stage}.accelerate_config={launcher_config}", *extra]
+    named = f"{run}/{name}"
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert _wait_for(lambda: len(_processes_naming(named)) >= 3, 120), "launcher + 2 ranks never ran"

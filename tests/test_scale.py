@@ -2,6 +2,7 @@
 copies of the code's batching rules agree with the code, and it runs on the shipped configs."""
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 import re
@@ -196,13 +197,24 @@ def test_checkpoint_io_counts_every_loading_process():
     # the attribute ranks share the hashing out: 4 of the 31 files each, hashed in 4 threads
     checked = "8 attribute ranks verify the weights shared out, beside their scoring"
     assert terms[checked] == (2 * P, pytest.approx(4 * 2 * P / files / (4 * scale.GB)))
-    # the update ranks: their 4 weight files and an eighth of the state in 8 files, hashed in threads
+    # the 7B configs' persistent update worker keeps the model and AdamW in memory: it reads nothing, and
+    # its shards (fp32 weights and two moments, 12P/8 per GPU) are held beside the engines and attribution
+    assert setting.config.update.persistent
+    report = scale.evaluate_setting(setting, HW)
+    assert report.stages["sample"].held["update_resident"] == pytest.approx(12 * P / 8)
+    assert report.stages["attribute (oar_g)"].held["update_resident"] == pytest.approx(12 * P / 8)
+    kept = "8 update ranks keep the model and AdamW + fp32 weights in memory (update.persistent): nothing read"
+    assert terms[kept] == (0.0, 0.0)
+    # one launch per step: the ranks' 4 weight files and an eighth of the state in 8 files, hashed in threads
+    per_step = copy.deepcopy(setting)
+    per_step.config.update.persistent = False
+    terms = {name: (size, seconds) for name, size, seconds in scale.checkpoint_io(per_step, HW, 3.0, 1.0, idle)}
     update_check = 4 * 2 * P / files / (4 * scale.GB) + state / 8 / (8 * scale.GB)
     checked_update = "8 update ranks verify the weights and AdamW + fp32 weights shared out, beside their training"
-    assert terms[checked_update] == (2 * P + state, pytest.approx(update_check))
+    assert kept not in terms and terms[checked_update] == (2 * P + state, pytest.approx(update_check))
     # beside compute, only what outlasts it is on the critical path
     busy = {name: (size, seconds) for name, size, seconds in scale.checkpoint_io(
-        setting, HW, 3.0, 1.0, {"attribute": 0.25, "update": 60.0})}
+        per_step, HW, 3.0, 1.0, {"attribute": 0.25, "update": 60.0})}
     assert busy[checked][1] == pytest.approx(terms[checked][1] - 0.25) and busy[checked_update][1] == 0.0
     # the engines' load from disk (2P / 3 GB/s) outlasts the check beside it (2P / (8 x 1 GB/s)): 0 s
     assert terms["the sampling process verifies them for its 8 engine(s), beside the load"] == (2 * P, 0.0)

@@ -37,8 +37,10 @@ fresh optimizer there (with a warning when the checkpoint has a state).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +51,8 @@ from oarctl import sharded_state
 from oarctl.artifacts import make_table, temporary_sibling
 from oarctl.batching import loss_share, pad_plan, plan_step
 from oarctl.checkpoints import (OPTIMIZER_STATE, OPTIMIZER_TENSORS, SHARDED_OPTIMIZER, TRAINING_STATE, load_master,
-                                load_optimizer, load_policy, load_tokenizer, loaded_files, read_optimizer_state,
+                                load_optimizer, load_policy, load_tokenizer, loaded_files, policy_identity,
+                                read_optimizer_state,
                                 read_scalars, replace_directory, save_training_state, training_state_dir,
                                 weight_file_plan, write_weight_files, write_weight_index)
 from oarctl.distributed import (checked_beside, deepspeed, every_rank_reads, fsdp, gather_to_rank_zero,
@@ -260,10 +263,12 @@ def _write_sharded_training_state(model, optimizer, output: Path, accelerator, w
     return io
 
 
-def _training_state_after_commit(model, optimizer, config, context: StageContext, accelerator):
+def _training_state_after_commit(model, optimizer, config, context: StageContext, accelerator,
+                                 keep: Resident | None = None):
     """Under FSDP, what the runner calls on every rank once rank 0 has moved the policy (weights,
     configs, canary) into place: say the policy is ready (`oarctl run` then samples from it while this
-    runs), then write the training state, which only the next update reads."""
+    runs), then write the training state, which only the next update reads. `keep`: remember the state
+    for the next step of a persistent worker, valid for the checkpoint just written."""
     def write() -> dict:
         accelerator.wait_for_everyone()  # rank 0 has committed the policy folder
         if torch.cuda.is_available():
@@ -273,6 +278,10 @@ def _training_state_after_commit(model, optimizer, config, context: StageContext
         started = time.perf_counter()
         io = _write_sharded_training_state(model, optimizer, context.output, accelerator,
                                            config.save_dtype != "float32")
+        _RESIDENT.clear()
+        if keep is not None:
+            accelerator.wait_for_everyone()  # rank 0 has moved training_state/ into place: the checkpoint is whole
+            _RESIDENT.append(dataclasses.replace(keep, identity=policy_identity(context.output)))
         return {**io, "training_state_seconds": round(time.perf_counter() - started, 3)} if io else {}
     return write
 
@@ -437,14 +446,59 @@ def _checked_inputs(context: StageContext, accelerator):
     return checked_beside(files, accelerator)
 
 
-def _train(rows: list[dict], config, context: StageContext, accelerator):
-    """(model, tokenizer, optimizer, parameter names, one log entry per optimizer step, this process's peak
-    host memory once the model and optimizer are loaded and prepared)."""
+@dataclass
+class Resident:
+    """What a persistent update worker (update.persistent, FSDP) keeps from one step to the next: the
+    prepared model, AdamW and KL reference, valid for the checkpoint it wrote (`output`, `identity`)."""
+    accelerator: object
+    model: object
+    tokenizer: object
+    optimizer: object
+    names: list
+    reference: object
+    output: Path
+    identity: str
+
+
+_RESIDENT: list[Resident] = []  # at most one, in a persistent worker's ranks
+
+
+def _resident(context: StageContext) -> Resident | None:
+    """The kept state when this step continues from the checkpoint it was kept for (unchanged since)."""
+    if not _RESIDENT:
+        return None
+    kept = _RESIDENT[0]
+    path = context.policy.path
+    if path.resolve() != kept.output.resolve() or policy_identity(path) != kept.identity:
+        _RESIDENT.clear()  # another policy: load it from disk
+        return None
+    return kept
+
+
+def _loaded(config, context: StageContext, accelerator, accumulation: int):
+    """(model, tokenizer, optimizer, names, reference), read from the checkpoint and prepared."""
     model, tokenizer = _load(context.policy, accelerator)
     reference = _load(context.reference, accelerator, trained=False)[0].eval() if context.reference is not None else None
+    model, reference, optimizer, names = _prepare(model, reference, config, context, accelerator, accumulation)
+    return model, tokenizer, optimizer, names, reference
+
+
+def _continued(kept: Resident, config, accumulation: int):
+    """The kept state, set up for this step as _prepare sets up a loaded one."""
+    for group in kept.optimizer.param_groups:
+        group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
+    kept.accelerator.gradient_accumulation_steps = accumulation
+    kept.accelerator.step = 0  # accelerate counts micro-batches to find the last of each accumulation
+    return kept.model, kept.tokenizer, kept.optimizer, kept.names, kept.reference
+
+
+def _train(rows: list[dict], config, context: StageContext, accelerator, kept: Resident | None = None):
+    """(model, tokenizer, optimizer, parameter names, KL reference, one log entry per optimizer step, this
+    process's peak host memory once the model and optimizer are loaded and prepared)."""
     steps = _mini_batches(rows, config, context)
     plans, accumulation = _plans(steps, config, accelerator)
-    model, reference, optimizer, names = _prepare(model, reference, config, context, accelerator, accumulation)
+    model, tokenizer, optimizer, names, reference = (_continued(kept, config, accumulation) if kept else
+                                                     _loaded(config, context, accelerator, accumulation))
     loaded_peak = _peak_rss_mb()
     scale = accumulation * accelerator.num_processes if accelerator is not None else 1
     model.train()
@@ -456,19 +510,26 @@ def _train(rows: list[dict], config, context: StageContext, accelerator):
                                       accelerator, scale)})
     model.eval()
     optimizer.zero_grad(set_to_none=True)  # the gradients' memory goes back before the checkpoint is written
-    return model, tokenizer, optimizer, names, log, loaded_peak
+    return model, tokenizer, optimizer, names, reference, log, loaded_peak
 
 
 def run(inputs, config, context: StageContext) -> StageOutput:
     rows = inputs["advantages"].select(COLUMNS).to_pylist()
-    accelerator = make_accelerator(config.bf16)
-    with _checked_inputs(context, accelerator):
-        model, tokenizer, optimizer, names, log, loaded_peak = _train(rows, config, context, accelerator)
+    kept = _resident(context)
+    accelerator = kept.accelerator if kept else make_accelerator(config.bf16)
+    with contextlib.nullcontext() if kept else _checked_inputs(context, accelerator):  # kept: nothing is read
+        model, tokenizer, optimizer, names, reference, log, loaded_peak = _train(rows, config, context, accelerator,
+                                                                                 kept)
     table = make_table({key: [entry[key] for entry in log] for key in log[0]}, "update_log")
     metrics = {key: float(np.mean([entry[key] for entry in log])) for key in log[0] if key not in ("optimizer_step", "epoch")}
+    metrics["resident"] = int(kept is not None)  # 1: trained on the state a persistent worker kept in memory
     trained = _trained(model, tokenizer, optimizer, names, config, context, accelerator)
     memory = _per_rank({"host_load_peak_rss_mb": loaded_peak, "host_peak_rss_mb": _peak_rss_mb()}, accelerator)
-    after_commit = _training_state_after_commit(model, optimizer, config, context, accelerator) if fsdp(accelerator) else None
+    after_commit = None
+    if fsdp(accelerator):
+        keep = Resident(accelerator, model, tokenizer, optimizer, names, reference, context.output, "") \
+            if config.persistent else None
+        after_commit = _training_state_after_commit(model, optimizer, config, context, accelerator, keep)
     return StageOutput(table, {**metrics, **memory}, trained=trained, after_commit=after_commit)
 
 
