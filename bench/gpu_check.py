@@ -166,6 +166,7 @@ def _step(args, work: Path, policy: Path) -> list:
     advantages = _run("reshape", config, {"attributions": attributions}, work / "advantages.parquet", None, rows)
     _run("update", config, {"advantages": advantages}, work / "policy_next", policy, rows)
     _launched_fsdp_update(args, config, advantages, work, policy, rows)
+    _persistent_fsdp_updates(args, config, advantages, work, policy, rows)
     return rows
 
 
@@ -321,16 +322,14 @@ def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Pa
     import subprocess
 
     import torch
-    import yaml
 
     from oarctl.checkpoints import read_weights
-    from oarctl.config import to_dict
     from oarctl.launch import update_command
 
     accelerate = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
     file, ranks = ((accelerate / "cpu-fsdp-2proc.yaml", 2) if args.tiny else
                    (accelerate / "fsdp.yaml", torch.cuda.device_count()))
-    (work / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    _write_config(config, work / "config.yaml")
     command = update_command(str(file), advantages, work / "policy_fsdp", policy, 0, work / "config.yaml", True)
     command[command.index("--config_file") + 2:command.index("--config_file") + 2] = ["--num_processes", str(ranks)]
     started = time.perf_counter()
@@ -349,6 +348,54 @@ def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Pa
                                               "training_state_seconds") if key in io}}))
 
 
+def _persistent_fsdp_updates(args, config, advantages: Path, work: Path, policy: Path, rows) -> None:
+    """The same update twice through a persistent worker (update.persistent), as `oarctl run` sends it:
+    the first request launches the ranks and loads the policy, the second trains on from what they kept
+    (no launch, no checkpoint read). A row each: seconds from request to answer, resident, bytes read;
+    the first one's weights must be those of the one-shot launch."""
+    import dataclasses
+    import json
+
+    from oarctl.checkpoints import read_weights
+    from oarctl.launch import stop_update_worker, update_worker
+
+    import torch
+    import yaml
+
+    accelerate = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
+    file = accelerate / ("cpu-fsdp-2proc.yaml" if args.tiny else "fsdp.yaml")
+    if not args.tiny:  # fsdp.yaml names 8 processes: one per GPU this machine has
+        settings = {**yaml.safe_load(file.read_text()), "num_processes": torch.cuda.device_count()}
+        file = work / "fsdp-this-machine.yaml"
+        file.write_text(yaml.safe_dump(settings))
+    update = dataclasses.replace(config.update, accelerate_config=str(file), persistent=True)
+    config = dataclasses.replace(config, update=update)  # the worker reads work/config.yaml, written below
+    _write_config(config, work / "config.yaml")
+    try:
+        for index, (source, output) in enumerate(((policy, work / "policy_kept1"), (work / "policy_kept1",
+                                                                                    work / "policy_kept2"))):
+            started = time.perf_counter()
+            log = lambda message: print(message, file=sys.stderr)  # noqa: E731 - stdout holds the table
+            update_worker(config, work, log).submit(advantages, output, source, index, True, log).finish()
+            metrics = json.loads((output.parent / f"{output.name}.manifest.json").read_text())["metrics"]
+            note = {key: metrics[key] for key in ("resident", "checkpoint_bytes_read", "policy_ready_seconds",
+                                                  "training_state_seconds")}
+            if index == 0:
+                one, other = read_weights(work / "policy_fsdp"), read_weights(output)
+                note["weight_difference"] = max(float((one[k].float() - other[k].float()).abs().max()) for k in one)
+            rows.append((f"update_persistent_request{index + 1}", time.perf_counter() - started, float("nan"), note))
+    finally:
+        stop_update_worker()
+
+
+def _write_config(config, path: Path) -> None:
+    import yaml
+
+    from oarctl.config import to_dict
+
+    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
 def _note(name: str, seconds: float, metrics: dict) -> str:
     if name.endswith("sample"):
         tokens = metrics["responses"] * metrics["response_length_mean"]
@@ -358,6 +405,9 @@ def _note(name: str, seconds: float, metrics: dict) -> str:
     if name.endswith("update") and "checkpoint_write_seconds" in metrics:
         return (f"checkpoint written in {metrics['checkpoint_write_seconds']:.1f} s, hashed in "
                 f"{metrics['checkpoint_hash_seconds']:.1f} s ({metrics['checkpoint_bytes_written'] / 2**30:.2f} GiB)")
+    if name.startswith("update_persistent"):
+        return ", ".join(f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
+                         for key, value in metrics.items())
     if name.startswith("update_fsdp"):
         io = ", ".join(f"{key} {metrics[key]}" for key in metrics if key.endswith("_seconds"))
         return (f"accelerate launch; weights differ from the in-process update by {metrics['weight_difference']:.2e}; "

@@ -25,6 +25,10 @@ to end (`Launched.finish`) before the next launched stage, and the step counts a
 update's manifest is written, after the training state. On GPUs the ranks still hold their shards
 meanwhile, so the engines reload their weights in place beside them but map their KV cache again only
 once the launch has ended (`wait_for_gpus`, called between the two by oarctl/policy/vllm_backend.py).
+
+With update.persistent the update is launched once for the run instead (`UpdateWorker`, the ranks'
+loop in oarctl/update_worker.py) and sent one request per step (`WorkerRequest`), which is ready and
+ended as a launch is: the ranks keep the model and AdamW state in memory between steps.
 """
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ def test_tiny_runs_every_stage_of_a_step_and_the_long_attribution_on_cpu(tmp_pat
                   "--long-tokens", "48", "--chunk", "8", "--parts", "step", "long")
     assert result.returncode == 0, result.stderr[-2000:]
     rows = _rows(result.stdout)
-    step = ["sample", "verify", "attribute_oar_g", "attribute_oar_p_span", "reshape", "update", "update_fsdp_x2"]
+    step = ["sample", "verify", "attribute_oar_g", "attribute_oar_p_span", "reshape", "update", "update_fsdp_x2",
+            "update_persistent_request1", "update_persistent_request2"]
     long = ["long_verify", "long_attribute_oar_g", "long_attribute_oar_p_span", "long_attribute_oar_p_screened",
             "long_attribute_oar_p", *(f"long_attribute_{m} vs oar_p" for m in ("oar_g", "oar_p_span", "oar_p_screened")),
             "long_reshape", "long_update"]
@@ -46,6 +47,11 @@ def test_tiny_runs_every_stage_of_a_step_and_the_long_attribution_on_cpu(tmp_pat
     # random weights earn ~no reward, so this checks FSDP's gather and save, not training equivalence
     # (tests/test_accelerate.py does that on a batch with mixed rewards)
     assert difference < 1e-5
+    # the persistent worker: its first request loads and gives the one-shot launch's weights, the second
+    # trains on from what the ranks kept, reading nothing
+    first, second = rows["update_persistent_request1"], rows["update_persistent_request2"]
+    assert "resident 0" in first and float(re.search(r"weight_difference (\S+)", first).group(1)) == 0.0
+    assert "resident 1" in second and "checkpoint_bytes_read 0" in second
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the full check would run")

@@ -465,3 +465,27 @@ def test_large_weights_are_saved_in_several_files_that_load_back(tiny_policy, tm
     loaded, _ = checkpoints.load_policy(tmp_path / "policy")
     expected = model.state_dict()
     assert all(torch.equal(value, expected[name]) for name, value in loaded.state_dict().items())
+
+
+def test_a_persistent_worker_trains_on_from_memory_only_for_the_checkpoint_it_kept(tmp_path):
+    """update._resident hands the kept state over once, for the folder it was kept for and only while that
+    folder is unchanged; a step that fails after taking it leaves nothing kept, so the next one loads."""
+    from types import SimpleNamespace
+
+    from oarctl.checkpoints import policy_identity
+    from oarctl.stages import update
+
+    folder = tmp_path / "policy"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    context = SimpleNamespace(policy=SimpleNamespace(path=folder))
+    kept = update.Resident(None, "model", None, "adamw", [], None, folder, policy_identity(folder))
+    update._RESIDENT[:] = [kept]
+    assert update._resident(context) is kept and update._RESIDENT == []
+    assert update._resident(context) is None  # taken: a failed step cannot train on a half-changed model
+    update._RESIDENT[:] = [kept]
+    (folder / "model.safetensors").write_bytes(b"other weights")  # changed on disk since: read it
+    assert update._resident(context) is None and update._RESIDENT == []
+    update._RESIDENT[:] = [kept]
+    assert update._resident(SimpleNamespace(policy=SimpleNamespace(path=tmp_path / "elsewhere"))) is None
+    update._RESIDENT.clear()

@@ -33,6 +33,9 @@ process or DDP reads it whole, so FSDP, DDP and one process continue each other'
 also reads one process's `optimizer.safetensors` (rank 0 reads, torch scatters it into the shards).
 Under DeepSpeed ZeRO-3 the partitioned AdamW state is neither saved nor loaded: each step starts a
 fresh optimizer there (with a warning when the checkpoint has a state).
+In a persistent worker (update.persistent, FSDP; oarctl/update_worker.py) the ranks keep the prepared
+model, AdamW and KL reference (`Resident`) for the checkpoint they wrote: the next step, if it starts
+from that checkpoint unchanged, trains on from memory and reads nothing (manifest: resident 1).
 """
 from __future__ import annotations
 
@@ -464,14 +467,14 @@ _RESIDENT: list[Resident] = []  # at most one, in a persistent worker's ranks
 
 
 def _resident(context: StageContext) -> Resident | None:
-    """The kept state when this step continues from the checkpoint it was kept for (unchanged since)."""
+    """The kept state when this step continues from the checkpoint it was kept for (unchanged since),
+    taken: training changes it in place, so a step that fails leaves nothing kept (the next loads)."""
     if not _RESIDENT:
         return None
-    kept = _RESIDENT[0]
+    kept = _RESIDENT.pop()
     path = context.policy.path
     if path.resolve() != kept.output.resolve() or policy_identity(path) != kept.identity:
-        _RESIDENT.clear()  # another policy: load it from disk
-        return None
+        return None  # another policy: load it from disk
     return kept
 
 
