@@ -1096,12 +1096,17 @@ def print_checkpoint_io(setting: Setting, hw: Hardware, disk_gbps: float, hash_g
         print(f"     {name:<66} {size / GB:8.1f} GB {seconds:8.1f} s")
     share = total / (total + step_seconds)
     W, O = saved_bytes(setting)
-    one_disk = (2 * W + O) / (disk_gbps * GB)  # the weights written, then read by the engines beside O's write
+    # One disk for the whole node instead of one per writer: the weights are written (W), then the engines
+    # read them while the training state (O) is written beside them, sharing the disk (up to 2W for the read
+    # to end); the rest of O is written beside sampling, so the disk keeps up while it is busy less than a step.
+    rate = disk_gbps * GB
+    one_disk, busy = (W + min(2 * W, W + O)) / rate, (2 * W + O) / rate
     print(f"     {'total':<66} {sum(b for _, b, _ in terms) / GB:8.1f} GB {total:8.1f} s = {share:.0%} of the step "
           f"({step_seconds:.1f} s of compute)")
-    print(f"     note: with one {disk_gbps} GB/s disk for the whole node, the weights' write, their read by the "
-          f"engines and the training state's write take (2W + O) / disk = {one_disk:.0f} s "
-          f"= {one_disk / (one_disk + step_seconds):.0%} of the step, whatever the ranks do")
+    print(f"     note: with one {disk_gbps} GB/s disk for the whole node, the weights' write and their read by the "
+          f"engines beside the training state's write take (W + 2W) / disk = {one_disk:.0f} s "
+          f"= {one_disk / (one_disk + step_seconds):.0%} of the step; the disk is busy (2W + O) / disk = {busy:.0f} s "
+          f"a step ({'it keeps up' if busy <= one_disk + step_seconds else 'MORE than the step: it falls behind'})")
     if share <= 0.10:
         return f"PASS (d) {setting.path}: checkpoint I/O {share:.0%} of the step"
     largest = sorted(terms, key=lambda term: -term[2])[:3]
