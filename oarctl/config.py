@@ -377,6 +377,8 @@ def validate(config: Config) -> None:
     _check(config.update.sum_norm_length >= 1, "update.sum_norm_length must be >= 1")
     _check(config.update.micro_batch_tokens >= 0, "update.micro_batch_tokens must be >= 0 (0: off)")
     _check(config.update.weight_file_mb > 0, "update.weight_file_mb must be > 0")
+    _check(not config.update.persistent or bool(config.update.accelerate_config),
+           "update.persistent needs update.accelerate_config (an FSDP launcher file): it keeps launched ranks")
     _check(config.update.save_dtype in SAVE_DTYPES, f"update.save_dtype must be one of {', '.join(SAVE_DTYPES)}")
     _check(config.verify.timeout > 0, "verify.timeout must be > 0")
     _check(config.verify.workers >= 0, "verify.workers must be >= 0")

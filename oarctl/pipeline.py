@@ -332,7 +332,10 @@ def _replaying(lines: list[dict], recorded: list[dict]) -> bool:
 def run_loop(config, run_dir: Path, force: bool = False, log=print) -> dict:
     """The whole loop, resumable: every finished stage is a cache hit on the next invocation."""
     for name in _launched_stages(config):  # a bad launcher file is an error now, not after sampling
-        accelerate_config(getattr(config, name).accelerate_config, f"{name}.accelerate_config")
+        settings = accelerate_config(getattr(config, name).accelerate_config, f"{name}.accelerate_config")
+        if name == "update" and config.update.persistent and settings.get("distributed_type") != "FSDP":
+            raise OarError(f"{config.update.accelerate_config}: update.persistent needs an FSDP accelerate config "
+                           f"(distributed_type: FSDP), this one is {settings.get('distributed_type', 'not set')}")
     data = prepare_run_dir(run_dir, config)
     base = resolve_policy_path(config.policy.path)
     lines = [{"kind": "eval", "after_steps": 0,

@@ -168,6 +168,20 @@ def test_a_missing_accelerate_config_is_one_line(cli, tiny_config, tmp_path, sta
     assert not (tmp_path / "run" / "step_0000").exists()  # checked before the run starts
 
 
+@pytest.mark.parametrize("launcher, message", [
+    (None, "update.persistent needs update.accelerate_config"),
+    (str(ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"),
+     "cpu-2proc.yaml: update.persistent needs an FSDP accelerate config (distributed_type: FSDP), this one is MULTI_GPU")])
+def test_a_persistent_update_without_fsdp_is_one_line(cli, tiny_config, tmp_path, launcher, message):
+    """update.persistent keeps FSDP ranks: asked without a launcher, or with another strategy, it is an
+    error before the run starts, not a worker that silently reloads every step (or none at all)."""
+    launch = ["--set", f"update.accelerate_config={launcher}"] if launcher else []
+    result = cli("run", "-c", tiny_config(), "--run-dir", tmp_path / "run", *launch, "--set", "update.persistent=true")
+    assert result.exit_code != 0
+    assert message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run" / "step_0000").exists()
+
+
 def _processes_naming(path: Path) -> list[int]:
     """Live processes whose command line names `path` (the launcher and its ranks name the launched
     stage's input file)."""
