@@ -245,8 +245,9 @@ def test_a_bfloat16_checkpoint_continues_from_its_fp32_weights(first_update, bat
     assert {t.dtype for t in weights.values()} == {torch.bfloat16} and {t.dtype for t in master.values()} == {torch.float32}
     assert json.loads((outputs["one"] / "config.json").read_text())["dtype"] == "bfloat16"
     fp32 = load_file(single / "model.safetensors")
-    assert all(torch.equal(master[name], fp32[name]) for name in master)
+    assert master.keys() == fp32.keys() and all(torch.equal(master[name], fp32[name]) for name in master)
     continued, expected = load_file(outputs["two"] / STATE / "master.safetensors"), load_file(reference / "model.safetensors")
+    assert continued.keys() == expected.keys()
     assert all(torch.equal(continued[name], expected[name]) for name in continued)
     assert _max_difference(_moments(outputs["two"]), _moments(reference)) == 0.0
 
@@ -259,7 +260,8 @@ def test_a_bfloat16_checkpoint_continues_from_its_fp32_weights(first_update, bat
     ends = {name: load_file(outputs[name] / STATE / "master.safetensors") for name in ("after",)}
     ends["fsdp2"] = _fsdp_master(outputs["fsdp2"])
     for name, end in ends.items():
-        difference = max(float((end[k] - expected[k]).abs().max()) for k in expected if k in end)
+        assert end.keys() == expected.keys()
+        difference = max(float((end[k] - expected[k]).abs().max()) for k in expected)
         print(f"bf16 checkpoints, {name} vs the fp32 chain: max |w| difference {difference:.3e}")
         assert end.keys() == continued.keys() and difference < 1e-6
 

@@ -214,7 +214,7 @@ def test_oar_p_probe_rollout_falls_back_to_last(model, tokenizer):
 def test_oar_p_batch_and_explicit_perturbation_token(model, tokenizer):
     items = [rollout(tokenizer, text) for text in ("so \\boxed{7}", "3+4=7 \\boxed{7}")]
     batched = oar.oar_p_batch(model, items, "answer_mean", chunk_size=2)
-    for item, got in zip(items, batched):
+    for item, got in zip(items, batched, strict=True):
         torch.testing.assert_close(got, oar.oar_p(model, *item, "answer_mean"))
     ids, reasoning, answer = items[1]
     other = oar.oar_p(model, ids, reasoning, answer, perturb_token_id=encode(tokenizer, "x")[0])
@@ -258,7 +258,7 @@ def test_oar_g_batched_equals_single(model, tokenizer):
     items = [rollout(tokenizer, text) for text in ("3+4 is 7, so \\boxed{17}", "so \\boxed{7}", "no idea")]
     seeds = [11, 12, 13]
     batched = oar.oar_g_batch(model, items, "answer_mean", noise_std=0.05, seeds=seeds, batch_size=3)
-    for item, seed, got in zip(items, seeds, batched):
+    for item, seed, got in zip(items, seeds, batched, strict=True):
         torch.testing.assert_close(got, oar.oar_g(model, *item, "answer_mean", noise_std=0.05, seed=seed),
                                    atol=1e-6, rtol=1e-4)
 
@@ -276,7 +276,7 @@ def test_oar_g_shared_prompt_batches_match_naive(model, tokenizer, mode):
     seeds = list(range(20, 20 + len(items)))
     for batch_size in (2, len(items)):
         batched = oar.oar_g_batch(model, items, mode, noise_std=0.05, seeds=seeds, batch_size=batch_size)
-        for (ids, reasoning, answer), seed, got in zip(items, seeds, batched):
+        for (ids, reasoning, answer), seed, got in zip(items, seeds, batched, strict=True):
             torch.testing.assert_close(got, naive_oar_g(model, ids, reasoning, answer, mode, 0.05, seed),
                                        atol=1e-6, rtol=1e-4)
 
@@ -317,7 +317,7 @@ def test_last_is_the_position_predicting_the_first_answer_token(model, tokenizer
 def test_entropy_matches_direct_computation(model, tokenizer):
     items = [rollout(tokenizer, text)[:2] for text in ("3+4 is 7, so \\boxed{17}", "so \\boxed{7}")]
     got = oar.token_entropy_batch(model, items, temperatures=[1.0, 0.7])
-    for (ids, (start, end)), temperature, scores in zip(items, [1.0, 0.7], got):
+    for (ids, (start, end)), temperature, scores in zip(items, [1.0, 0.7], got, strict=True):
         with torch.no_grad():
             probs = torch.softmax(model(input_ids=ids[None]).logits[0] / temperature, dim=-1)
         expected = -(probs * probs.log()).sum(-1)[start - 1:end - 1]
@@ -334,7 +334,7 @@ def test_registry_entries_score_every_response_token(model, tokenizer, method):
     context = SimpleNamespace(seed=0, step=1, policy=SimpleNamespace(load=lambda: (model, tokenizer)))
     config = load_config(None, ["attribute.chunk_size=3"]).attribute
     scores = ATTRIBUTION_METHODS.get(method)(oar.segment_rows(table, tokenizer), table, config, context)
-    for response, row in zip(responses, scores):
+    for response, row in zip(responses, scores, strict=True):
         assert row.dtype == np.float32 and row.shape == (len(response),)
         reasoning_end = segment(response, tokenizer).reasoning[1]
         assert np.isfinite(row[:reasoning_end]).all() and np.isnan(row[reasoning_end:]).all()

@@ -49,7 +49,7 @@ def group(prompt_length=7, sizes=(9, 14, 5, 11), seed=0):
 
 
 def assert_scores_close(got, expected, tolerance):
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=True):
         scale = max(float(b.abs().max()), 1e-30)
         assert float((a.double() - b.double()).abs().max()) <= tolerance * scale
 

@@ -143,6 +143,10 @@ def test_changing_evaluate_after_pruning_reruns(cli, tiny_config, tmp_path):
     assert not (run_dir / "step_0000" / "policy" / "PRUNED").exists()  # evaluated: kept
     result = cli("run", "-c", config, "--run-dir", run_dir, "--set", "evaluate.samples=3")
     assert result.exit_code == 0, result.output
+    recomputed = [line.split()[1] for line in result.stderr.splitlines() if line.startswith("[")]
+    # every evaluation again (the pruned step's policy is there because it was evaluated), no training stage
+    assert sorted(recomputed) == [str(run_dir / "eval" / name) for name in
+                                  ("base.parquet", "step_0000.parquet", "step_0001.parquet")], recomputed
 
 
 # ---- 5. stage by stage from the shell == oarctl run ---------------------------------------------

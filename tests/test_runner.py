@@ -355,7 +355,7 @@ def test_a_three_step_run_hashes_each_checkpoint_file_once(cli, tiny_config, tmp
     files = [p for p in folder.rglob("*") if p.is_file()]
     assert manifest["checkpoint_bytes_written"] == sum(p.stat().st_size for p in files)
     assert manifest["checkpoint_bytes_hashed"] == sum(p.stat().st_size for p in files if p.name != "checkpoint.json")
-    assert manifest["checkpoint_hash_seconds"] >= 0 and manifest["checkpoint_write_seconds"] > 0
+    assert manifest["checkpoint_write_seconds"] > 0
     previous = tmp_path / "R" / "step_0001" / "policy"  # what the third update read: weights and AdamW state
     assert manifest["checkpoint_bytes_read"] == sum(p.stat().st_size for p in previous.glob("**/*.safetensors"))
     assert manifest["checkpoint_bytes_verified"] == 0  # this process wrote (and hashed) them one step before

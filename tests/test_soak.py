@@ -63,7 +63,8 @@ def step_folder_sizes(run_dir: Path) -> tuple[list[float], list[int]]:
         if weights.exists():
             kept.append(index)
         sizes.append(folder_mb(folder) - (weights.stat().st_size / 2 ** 20 if weights.exists() else 0.0)
-                     - sum(p.stat().st_size for p in (folder / "policy").glob("optimizer*")) / 2 ** 20)
+                     - (folder_mb(folder / "policy" / "training_state") if (folder / "policy" / "training_state").is_dir()
+                        else 0.0))
     return sizes, kept
 
 

@@ -1,8 +1,11 @@
 """Fast tests of the embedded toy world: task generator, tokenizer, tiny model (seconds, offline)."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -74,7 +77,13 @@ def test_solutions_are_arithmetically_right():
 
 
 def test_reserved_split_is_stable():
-    assert task.is_reserved("Compute 12+7*3.") == task.is_reserved("Compute 12+7*3.")
+    # the same split in a process with another string-hash seed (Python's hash() would change it)
+    problems = [p["problem"] for p in task.generate_problems(300, seed=0)]
+    script = ("import json, sys; from oarctl.toy import task; "
+              "print(json.dumps([task.is_reserved(p) for p in json.load(sys.stdin)]))")
+    other = subprocess.run([sys.executable, "-c", script], input=json.dumps(problems), capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
+    assert json.loads(other.stdout) == [task.is_reserved(p) for p in problems]
     share = sum(task.is_reserved(p["problem"]) for p in task.generate_problems(3000, seed=0)) / 3000
     assert 0.05 < share < 0.15
 
