@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -136,14 +137,14 @@ def test_range_checks_see_the_merged_config(tmp_path):
 
 @pytest.mark.parametrize("override", ["sample.batch_size=0", "evaluate.batch_size=0", "run.seed=-1"])
 def test_values_that_would_crash_a_stage_are_rejected_when_loaded(override):
-    with pytest.raises(OarError):
+    with pytest.raises(OarError, match=re.escape(override.split("=")[0])):
         load_config(None, [override])
 
 
 @pytest.mark.parametrize("override", ["attribute.method=bogus", "reshape.estimator=bogus",
                                       "update.loss_aggregation=bogus", "verify.method=bogus"])
 def test_registry_names_are_checked_when_loaded(override):
-    with pytest.raises(OarError):
+    with pytest.raises(OarError, match=f"{re.escape(override.split('=')[0])}.*bogus"):
         load_config(None, [override])
 
 

@@ -58,9 +58,9 @@ def test_exclude_makes_splits_disjoint_and_keeps_every_level():
 
 def test_levels_filter_and_exhaustion_error():
     assert {p["level"] for p in task.generate_problems(50, seed=0, levels=(4,))} == {4}
-    with pytest.raises(OarError):
+    with pytest.raises(OarError, match="level 3 ran out of distinct problems after 648 of 2000"):
         task.generate_problems(2000, seed=0, levels=(3,))  # level 3 has 648 problems
-    with pytest.raises(OarError):
+    with pytest.raises(OarError, match=r"levels must be a non-empty subset .*, got \(9,\)"):
         task.generate_problems(5, seed=0, levels=(9,))
 
 
