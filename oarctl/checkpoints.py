@@ -51,7 +51,8 @@ HASHING = {"files": 0, "bytes": 0, "seconds": 0.0,  # this process's hashing of 
            "waited": 0.0}  # and the seconds it waited for checks that ran beside its work (BackgroundCheck)
 WRITE_HASHING = {"files": 0, "bytes": 0, "seconds": 0.0}  # ... and of files it had just written
 READING = {"bytes": 0, "seconds": 0.0}  # this process's checkpoint reads so far (weights, AdamW state)
-_DIGESTS: dict[tuple, str] = {}  # (device, inode, size, mtime_ns) -> sha256 hex
+_DIGESTS: dict[tuple, str] = {}  # (device, inode, size, mtime_ns) -> sha256 hex, the newest DIGESTS_KEPT
+DIGESTS_KEPT = 4096  # a run of thousands of steps would otherwise keep a digest per file it ever wrote
 _COUNTING = threading.Lock()  # files of one checkpoint are hashed in threads
 _HASHING_NOW: dict[tuple, threading.Lock] = {}  # one lock per file key: each file hashed once even when raced
 
@@ -74,14 +75,19 @@ def sha256_file(path: Path, tally: dict = HASHING) -> str:
     with _COUNTING:
         hashing = _HASHING_NOW.setdefault(key, threading.Lock())
     with hashing:  # a file two threads want (a background check and a reader) is hashed by one of them
-        if key not in _DIGESTS:
+        digest = _DIGESTS.get(key)
+        if digest is None:
             digest, size, seconds = _hash_bytes(path)
             with _COUNTING:
                 tally["files"] += 1
                 tally["bytes"] += size
                 tally["seconds"] += seconds
-            _DIGESTS[key] = digest
-    return _DIGESTS[key]
+                _DIGESTS[key] = digest
+                while len(_DIGESTS) > DIGESTS_KEPT:
+                    del _DIGESTS[next(iter(_DIGESTS))]  # the oldest first: files of steps long pruned
+    with _COUNTING:
+        _HASHING_NOW.pop(key, None)  # a later caller finds the digest, so needs no lock
+    return digest
 
 
 def sha256_files(paths: list[Path], tally: dict = HASHING) -> list[str]:

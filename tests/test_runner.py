@@ -440,6 +440,25 @@ def test_a_check_beside_the_work_settles_before_the_results_leave(tmp_path):
             raise ValueError("cannot parse")
 
 
+def test_the_digests_a_process_keeps_are_bounded(tmp_path, monkeypatch):
+    """A long run writes files every step: the process keeps the newest DIGESTS_KEPT digests and no lock
+    per file once hashed; a file still kept is not read again, an evicted one is hashed anew."""
+    from oarctl import checkpoints
+
+    monkeypatch.setattr(checkpoints, "_DIGESTS", {})
+    monkeypatch.setattr(checkpoints, "DIGESTS_KEPT", 3)
+    files = [tmp_path / f"f{i}" for i in range(5)]
+    for index, path in enumerate(files):
+        path.write_bytes(bytes([index]) * 10)
+    tally = {"files": 0, "bytes": 0, "seconds": 0.0}
+    digests = [checkpoints.sha256_file(path, tally) for path in files]
+    assert digests == [sha256(path) for path in files] and tally["files"] == 5
+    assert len(checkpoints._DIGESTS) == 3 and checkpoints._HASHING_NOW == {}
+    checkpoints.sha256_file(files[4], tally)  # kept
+    assert tally["files"] == 5
+    assert checkpoints.sha256_file(files[0], tally) == digests[0] and tally["files"] == 6  # evicted: read again
+
+
 def test_weight_file_plan_fills_files_in_name_order():
     """80-byte files: a (40) + b (30) fit; c (50) would pass 80, so it starts file 2 with d (10); e (200)
     is over the limit alone and gets its own file. Under 1 MB all is one model.safetensors."""
