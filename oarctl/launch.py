@@ -91,6 +91,11 @@ def rest_generation_engines() -> None:
     if "oarctl.policy.vllm_replicas" in sys.modules:
         sys.modules["oarctl.policy.vllm_replicas"].rest()
     gc.collect()
+    release_cuda_cache()
+
+
+def release_cuda_cache() -> None:
+    """Give torch's cached GPU memory back (to the engines, or to a launched stage); nothing on CPU."""
     import torch
 
     if torch.cuda.is_available():
@@ -136,6 +141,11 @@ def announce_ready(output: Path) -> None:
 _holding_gpus: list = []  # the Pending whose ranks may still hold GPU memory (at most one)
 
 
+def _marker(output: Path, kind: str) -> Path:
+    """A hidden file beside `output` that says how its work goes, swept like a temporary if the run dies."""
+    return output.with_name(f".{output.name}.{kind}.tmp-{os.getpid()}")
+
+
 class Pending:
     """A launched stage's work in progress: ready once its output may be read (`ready_file`), ended once
     it is all written (`ended_file`, which engine workers in other processes can wait on)."""
@@ -159,6 +169,12 @@ class Pending:
         """Wait for the end; an OarError if it failed."""
         raise NotImplementedError
 
+    def _begin(self) -> None:
+        """No marker of an earlier try stands; this is now the work that may hold GPU memory."""
+        for marker in (self.ready_file, self.ended_file):
+            marker.unlink(missing_ok=True)
+        _holding_gpus[:] = [self]
+
     def _forget(self) -> None:
         for marker in (self.ready_file, self.ended_file):
             marker.unlink(missing_ok=True)
@@ -172,14 +188,11 @@ class Launched(Pending):
 
     def __init__(self, stage: str, command: list[str], output: Path, config_file: str):
         self.stage, self.output, self.config_file = stage, output, config_file
-        self.ready_file = output.with_name(f".{output.name}.ready.tmp-{os.getpid()}")  # swept if the run dies
-        self.ended_file = output.with_name(f".{output.name}.ended.tmp-{os.getpid()}")
-        for marker in (self.ready_file, self.ended_file):
-            marker.unlink(missing_ok=True)
+        self.ready_file, self.ended_file = _marker(output, "ready"), _marker(output, "ended")
+        self._begin()
         environment = {**os.environ, READY_FILE: str(self.ready_file)}
         self.process = subprocess.Popen(command, preexec_fn=terminate_with_parent, env=environment)
         threading.Thread(target=self._watch, daemon=True).start()
-        _holding_gpus[:] = [self]
 
     def _watch(self) -> None:
         self.ended_file.write_text(str(self.process.wait()))
@@ -250,10 +263,8 @@ class WorkerRequest(Pending):
         from oarctl.update_worker import answer_path
 
         self.worker, self.id, self.stage, self.output = worker, request_id, "update", output
-        self.ready_file = output.with_name(f".{output.name}.ready.tmp-{os.getpid()}")
-        self.ended_file = answer_path(worker.folder, request_id)
-        self.ready_file.unlink(missing_ok=True)
-        _holding_gpus[:] = [self]
+        self.ready_file, self.ended_file = _marker(output, "ready"), answer_path(worker.folder, request_id)
+        self._begin()
 
     def ended(self) -> bool:
         return self.ended_file.exists() or self.worker.process.poll() is not None

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from oarctl.artifacts import write_bytes_atomically
 from oarctl.errors import OarError
-from oarctl.launch import READY_FILE
+from oarctl.launch import READY_FILE, release_cuda_cache
 from oarctl.runner import is_main_process
 
 REQUEST = "request.json"
@@ -41,13 +41,6 @@ def _next_request(folder: Path, last: int, poll_seconds: float = 0.05) -> dict:
         except FileNotFoundError:
             pass
         time.sleep(poll_seconds)
-
-
-def _release_cuda_cache() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()  # what the step left in torch's cache goes back to the engines
 
 
 def serve(folder: Path, config, log) -> None:
@@ -69,4 +62,4 @@ def serve(folder: Path, config, log) -> None:
             answer = {"error": str(error)}
         if is_main_process():
             write_bytes_atomically(answer_path(folder, last), json.dumps(answer))
-        _release_cuda_cache()
+        release_cuda_cache()  # what the step left in torch's cache goes back to the engines

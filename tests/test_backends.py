@@ -187,7 +187,7 @@ def fake_engines(monkeypatch, tmp_path):
     monkeypatch.setattr(vllm_backend, "served_logprobs",
                         lambda llm, tokens, count: references[llm.weights]["logprobs"][:count])
     monkeypatch.setattr(canary, "reference_for", lambda policy: references[Path(policy.path).name])
-    monkeypatch.setattr(vllm_backend, "_empty_cuda_cache", lambda: None)
+    monkeypatch.setattr(vllm_backend, "release_cuda_cache", lambda: None)
     monkeypatch.setattr(vllm_backend, "_engine", {})
     monkeypatch.setattr(FakeEngine, "stale_reload", False)
     settings = {"dtype": "float32", "canary_tokens": 2, "canary_tolerance": 0.0, "data_parallel_size": 1}

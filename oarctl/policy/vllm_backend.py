@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 from oarctl.errors import OarError
+from oarctl.launch import release_cuda_cache
 from oarctl.policy import canary
 from oarctl.policy.transformers_backend import Generation
 
@@ -137,14 +138,7 @@ def release_engine() -> None:
             engine_core.shutdown()
         del llm
         gc.collect()
-        _empty_cuda_cache()
-
-
-def _empty_cuda_cache() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        release_cuda_cache()
 
 
 def reload_weights(llm, path: Path) -> None:
@@ -187,7 +181,7 @@ def rest_engine() -> str:
     if not _engine.get("asleep"):
         _engine["llm"].sleep(level=SLEEP_LEVEL)
         _engine["asleep"] = True
-    _empty_cuda_cache()
+    release_cuda_cache()
     return "slept"
 
 

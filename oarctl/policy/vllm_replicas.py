@@ -279,11 +279,10 @@ def serve(descriptor: int) -> None:
 def _release_cached_memory() -> None:
     import gc
 
-    import torch
+    from oarctl.launch import release_cuda_cache
 
     gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release_cuda_cache()
 
 
 if __name__ == "__main__":

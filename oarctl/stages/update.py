@@ -62,7 +62,7 @@ from oarctl.distributed import (checked_beside, deepspeed, every_rank_reads, fsd
                                 loads_on_rank_zero_only, make_accelerator, on_rank_zero, raise_on_every_rank,
                                 receive_rank_zero_weights, sharded)
 from oarctl.errors import OarError
-from oarctl.launch import announce_ready
+from oarctl.launch import announce_ready, release_cuda_cache
 from oarctl.losses import policy_loss
 from oarctl.policy.logprobs import model_device, pad_rows, response_token_stats
 from oarctl.runner import StageContext, StageOutput, Trained
@@ -192,7 +192,13 @@ def _optimizer(model, names: list[str], config, context: StageContext, accelerat
         load_optimizer(optimizer, names, state)
     elif deepspeed(accelerator) and (state / OPTIMIZER_TENSORS).exists() and accelerator.is_main_process:
         print("update: DeepSpeed ZeRO-3 run: the saved AdamW state is not loaded (fresh optimizer)", file=sys.stderr)
-    for group in optimizer.param_groups:  # a config change of the learning rate takes effect
+    return _with_config_rates(optimizer, config)
+
+
+def _with_config_rates(optimizer, config):
+    """The optimizer with this step's learning rate and weight decay: a config change takes effect (a loaded
+    or kept AdamW state carries those of the step that saved it)."""
+    for group in optimizer.param_groups:
         group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
     return optimizer
 
@@ -274,8 +280,7 @@ def _training_state_after_commit(model, optimizer, config, context: StageContext
     for the next step of a persistent worker, valid for the checkpoint just written."""
     def write() -> dict:
         accelerator.wait_for_everyone()  # rank 0 has committed the policy folder
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the gathered weights are gone: the engines get that memory
+        release_cuda_cache()  # the gathered weights are gone: the engines get that memory
         if accelerator.is_main_process:
             announce_ready(context.output)
         started = time.perf_counter()
@@ -488,8 +493,7 @@ def _loaded(config, context: StageContext, accelerator, accumulation: int):
 
 def _continued(kept: Resident, config, accumulation: int):
     """The kept state, set up for this step as _prepare sets up a loaded one."""
-    for group in kept.optimizer.param_groups:
-        group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
+    _with_config_rates(kept.optimizer, config)
     kept.accelerator.gradient_accumulation_steps = accumulation
     kept.accelerator.step = 0  # accelerate counts micro-batches to find the last of each accumulation
     return kept.model, kept.tokenizer, kept.optimizer, kept.names, kept.reference
