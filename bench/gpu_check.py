@@ -321,24 +321,17 @@ def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Pa
     import json
     import subprocess
 
-    import torch
-
-    from oarctl.checkpoints import read_weights
     from oarctl.launch import update_command
 
-    accelerate = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
-    file, ranks = ((accelerate / "cpu-fsdp-2proc.yaml", 2) if args.tiny else
-                   (accelerate / "fsdp.yaml", torch.cuda.device_count()))
+    file, ranks = _fsdp_launcher(args, work)
     _write_config(config, work / "config.yaml")
     command = update_command(str(file), advantages, work / "policy_fsdp", policy, 0, work / "config.yaml", True)
-    command[command.index("--config_file") + 2:command.index("--config_file") + 2] = ["--num_processes", str(ranks)]
     started = time.perf_counter()
     launched = subprocess.run(command, capture_output=True, text=True)
     if launched.returncode:
         raise RuntimeError(f"the launched FSDP update failed ({launched.returncode}):\n{launched.stderr[-3000:]}")
     seconds = time.perf_counter() - started
-    one, other = read_weights(work / "policy_next"), read_weights(work / "policy_fsdp")  # files the ranks wrote in turn
-    difference = max(float((one[k].float() - other[k].float()).abs().max()) for k in one)
+    difference = _weight_difference(work / "policy_next", work / "policy_fsdp")  # files the ranks wrote in turn
     io = json.loads((work / "policy_fsdp.manifest.json").read_text())["metrics"]
     rows.append((f"update_fsdp_x{ranks}", seconds, float("nan"),
                  {"weight_difference": difference, "weight_files": len(list((work / "policy_fsdp").glob("model*.safetensors"))),
@@ -356,18 +349,9 @@ def _persistent_fsdp_updates(args, config, advantages: Path, work: Path, policy:
     import dataclasses
     import json
 
-    from oarctl.checkpoints import read_weights
     from oarctl.launch import stop_update_worker, update_worker
 
-    import torch
-    import yaml
-
-    accelerate = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
-    file = accelerate / ("cpu-fsdp-2proc.yaml" if args.tiny else "fsdp.yaml")
-    if not args.tiny:  # fsdp.yaml names 8 processes: one per GPU this machine has
-        settings = {**yaml.safe_load(file.read_text()), "num_processes": torch.cuda.device_count()}
-        file = work / "fsdp-this-machine.yaml"
-        file.write_text(yaml.safe_dump(settings))
+    file, _ = _fsdp_launcher(args, work)
     update = dataclasses.replace(config.update, accelerate_config=str(file), persistent=True)
     config = dataclasses.replace(config, update=update)  # the worker reads work/config.yaml, written below
     _write_config(config, work / "config.yaml")
@@ -381,11 +365,33 @@ def _persistent_fsdp_updates(args, config, advantages: Path, work: Path, policy:
             note = {key: metrics[key] for key in ("resident", "checkpoint_bytes_read", "policy_ready_seconds",
                                                   "training_state_seconds")}
             if index == 0:
-                one, other = read_weights(work / "policy_fsdp"), read_weights(output)
-                note["weight_difference"] = max(float((one[k].float() - other[k].float()).abs().max()) for k in one)
+                note["weight_difference"] = _weight_difference(work / "policy_fsdp", output)
             rows.append((f"update_persistent_request{index + 1}", time.perf_counter() - started, float("nan"), note))
     finally:
         stop_update_worker()
+
+
+def _fsdp_launcher(args, work: Path) -> tuple[Path, int]:
+    """(accelerate config file, ranks): cpu-fsdp-2proc.yaml with --tiny; else fsdp.yaml with one process
+    per GPU this machine has (it names 8), written into `work`."""
+    import torch
+    import yaml
+
+    accelerate = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
+    if args.tiny:
+        return accelerate / "cpu-fsdp-2proc.yaml", 2
+    ranks = torch.cuda.device_count()
+    file = work / "fsdp-this-machine.yaml"
+    file.write_text(yaml.safe_dump({**yaml.safe_load((accelerate / "fsdp.yaml").read_text()), "num_processes": ranks}))
+    return file, ranks
+
+
+def _weight_difference(one: Path, other: Path) -> float:
+    """The largest absolute difference between two checkpoints' weights, however many files each has."""
+    from oarctl.checkpoints import read_weights
+
+    first, second = read_weights(one), read_weights(other)
+    return max(float((first[k].float() - second[k].float()).abs().max()) for k in first)
 
 
 def _write_config(config, path: Path) -> None:
