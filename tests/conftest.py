@@ -183,15 +183,20 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def hidden_temporaries(folder: Path) -> list[Path]:
-    """Leftovers of `temporary_sibling`: hidden `.NAME.tmp-PID` files or folders. Safe to call while
-    a run writes: a temporary folder renamed into place during the walk makes the walk start over."""
+def walk_while_written(folder: Path, pattern: str) -> list[Path]:
+    """`folder.rglob(pattern)`, sorted, safe to call while a run writes: a temporary folder renamed into
+    place during the walk makes the walk start over."""
     for _ in range(100):
         try:
-            return sorted(p for p in Path(folder).rglob(".*") if ".tmp-" in p.name)
+            return sorted(Path(folder).rglob(pattern))
         except FileNotFoundError:
             continue
     raise AssertionError(f"{folder}: kept changing during 100 walks")
+
+
+def hidden_temporaries(folder: Path) -> list[Path]:
+    """Leftovers of `temporary_sibling`: hidden `.NAME.tmp-PID` files or folders (safe while a run writes)."""
+    return [p for p in walk_while_written(folder, ".*") if ".tmp-" in p.name]
 
 
 # ---- artifact builders (valid and broken input files) -------------------------------------------

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import hidden_temporaries, oarctl_executable, run_oarctl, sha256
+from conftest import hidden_temporaries, oarctl_executable, run_oarctl, sha256, walk_while_written
 from oarctl.artifacts import SCHEMAS, read_artifact, write_parquet
 from oarctl.checkpoints import load_policy
 from oarctl.config import load_config
@@ -230,13 +230,8 @@ def test_status_after_a_partial_run_and_after_a_config_change(cli, tiny_config, 
 # ---- 6. resume after SIGKILL --------------------------------------------------------------------
 
 def _manifests(run_dir: Path) -> set[Path]:
-    """The finished stages' manifests; safe while a run writes (a walk that loses a renamed folder restarts)."""
-    for _ in range(100):
-        try:
-            return set(run_dir.rglob("*.manifest.json")) if run_dir.exists() else set()
-        except FileNotFoundError:
-            continue
-    raise AssertionError(f"{run_dir}: kept changing during 100 walks")
+    """The finished stages' manifests (safe while a run writes)."""
+    return set(walk_while_written(run_dir, "*.manifest.json")) if run_dir.exists() else set()
 
 
 def _snapshot(run_dir: Path) -> dict[Path, tuple]:
