@@ -90,9 +90,11 @@ class VerifyConfig:
 @dataclass
 class AttributeConfig:
     method: str = option("uniform", "token attribution method: uniform (plain GRPO), random, entropy, oar_p, "
-                                    "oar_p_span, oar_p_screened, oar_g, truth (chains labels), mc_value (rollouts)")
-    oar_p_mode: str = option("last", "OAR-P outcome (oar_p, oar_p_span, oar_p_screened): last, answer_mean, "
-                                     "answer_joint")
+                                    "oar_p_span, oar_p_screened, oar_g, oar_flow, oar_flow_span (propagated OAR-P), "
+                                    "truth (chains labels), truth_shuffled, truth_last (its controls), mc_value "
+                                    "(rollouts)")
+    oar_p_mode: str = option("last", "OAR-P outcome (oar_p, oar_p_span, oar_p_screened, oar_flow, "
+                                     "oar_flow_span): last, answer_mean, answer_joint")
     oar_g_mode: str = option("answer_mean", "OAR-G outcome: last, answer_mean, answer_joint")
     chunk_size: int = option(8, "OAR-P perturbations per forward pass, within max_batch_tokens (4-16 is fastest "
                                 "on CPU; GPUs want 64-256)")
@@ -114,6 +116,9 @@ class AttributeConfig:
                                          "OAR-P too (the audit: how often screening misses a top token)")
     max_perturbations: int = option(256, "oar_p_span / oar_p_screened: most perturbed forwards per response (exact "
                                           "oar_p perturbs every reasoning token)")
+    flow_rule: str = option("widest", "oar_flow, oar_flow_span: how credit propagates back from the answer over "
+                                      "later tokens: widest (strongest chain, each link its weakest hop), product, "
+                                      "sum (docs/method.md)")
     mc_samples: int = option(4, "mc_value: continuations sampled from each step boundary (K)")
     mc_max_new_tokens: int = option(64, "mc_value: response budget of a continuation, counted from the response's "
                                         "start as sample.max_new_tokens is (set them equal)")
@@ -135,6 +140,9 @@ class ReshapeConfig:
     beta: float = option(1.0, "Bi-Level boost: top tokens get weights up to 1+beta")
     floor: float = option(0.1, "Bi-Level floor of suppressed weights")
     preserve_mass: bool = option(True, "rescale weights to sum to the reasoning length")
+    normalize: str = option("log1p_minmax", "how scores become Bi-Level's values in [0, 1]: log1p_minmax (the "
+                                            "paper's), rank (percentile within the response; a deviation from the "
+                                            "paper that keeps heavy-tailed scores from flattening the weights)")
 
 
 @dataclass
@@ -458,12 +466,16 @@ def _check_names(config: Config) -> None:
     """Registry names, checked at load so a typo fails before any stage runs."""
     from oarctl.advantages import ADVANTAGE_ESTIMATORS
     from oarctl.attribution import ATTRIBUTION_METHODS
+    from oarctl.attribution.flow import FLOW_RULES
     from oarctl.losses import LOSS_AGGREGATIONS
+    from oarctl.reshaping import SCORE_NORMALIZERS
     from oarctl.verify import CHECKERS
 
     for option_name, value, registry in (
             ("attribute.method", config.attribute.method, ATTRIBUTION_METHODS),
             ("reshape.estimator", config.reshape.estimator, ADVANTAGE_ESTIMATORS),
+            ("reshape.normalize", config.reshape.normalize, SCORE_NORMALIZERS),
+            ("attribute.flow_rule", config.attribute.flow_rule, FLOW_RULES),
             ("update.loss_aggregation", config.update.loss_aggregation, LOSS_AGGREGATIONS),
             ("verify.method", config.verify.method, CHECKERS),
             ("attribute.mc_checker", config.attribute.mc_checker, CHECKERS),
@@ -480,12 +492,25 @@ TOY_FAMILIES = ("arithmetic", "chains")
 MC_OPTIONS = ("mc_samples", "mc_max_new_tokens", "mc_checker")
 
 
+# Options added after runs existed: in a stage's cache key only when set to something else than their
+# default, so the runs made before them keep their keys (and resume instead of recomputing).
+KEYED_WHEN_SET = {"attribute": ("flow_rule",), "reshape": ("normalize",)}
+
+
 def attribute_key(section: dict, methods) -> dict:
     """The attribute section as a cache key sees it: mc_value's options only when one of `methods` is
     mc_value, so runs of the other methods keep the keys they had before those options existed."""
+    section = keyed_when_set("attribute", section)
     if "mc_value" in methods:
         return section
     return {name: value for name, value in section.items() if name not in MC_OPTIONS}
+
+
+def keyed_when_set(name: str, section: dict) -> dict:
+    """`section` without the KEYED_WHEN_SET options that hold their defaults."""
+    defaults = _section_class(name)()
+    later = KEYED_WHEN_SET.get(name, ())
+    return {key: value for key, value in section.items() if key not in later or value != getattr(defaults, key)}
 
 
 def to_dict(config: Config) -> dict:

@@ -118,6 +118,7 @@ def key_section(config, name: str) -> dict:
     section.pop("persistent", None)
     if name == "attribute":
         section = config_module.attribute_key(section, [config.attribute.method])
+    section = config_module.keyed_when_set(name, section)
     if name in TEMPLATED_STAGES and config.data.prompt_template != DEFAULT:
         section["prompt_template"] = resolve(config.data.prompt_template).identity
     return section

@@ -17,6 +17,35 @@ from __future__ import annotations
 
 import numpy as np
 
+from oarctl.registry import Registry
+
+# cleaned scores (R,) -> values in [0, 1] for the quantile cut, or None when they carry no ranking
+SCORE_NORMALIZERS = Registry("score normalization")
+
+
+@SCORE_NORMALIZERS.register("log1p_minmax")
+def log1p_minmax(scores: np.ndarray) -> np.ndarray | None:
+    """The paper's: log1p, then min-max. Heavy-tailed scores (OAR-P's KLs: one token at 5 nats, the
+    median at 1e-6) put all but the top few tokens near 0, so the weights come out nearly flat."""
+    logged = np.log1p(scores)
+    low, high = logged.min(), logged.max()
+    if high == low:
+        return None
+    return (logged - low) / (high - low)
+
+
+@SCORE_NORMALIZERS.register("rank")
+def rank(scores: np.ndarray) -> np.ndarray | None:
+    """A deviation from the paper: each score's rank within the response (ties share their mean rank),
+    min-max scaled. Only the order counts, so a heavy tail keeps its contrast; two-valued scores
+    (truth) give exactly what log1p_minmax gives."""
+    values, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    if values.size == 1:
+        return None
+    mean_ranks = np.cumsum(counts) - counts + (counts - 1) / 2.0  # of each distinct value, ascending
+    ranks = mean_ranks[inverse.reshape(-1)]
+    return (ranks - ranks.min()) / (ranks.max() - ranks.min())
+
 
 def _check_arguments(quantile: float, beta: float, floor: float) -> None:
     # Written as `not (...)` so that NaN arguments fail too.
@@ -72,10 +101,11 @@ def bilevel_weights(
     beta: float = 1.0,
     floor: float = 0.1,
     preserve_mass: bool = True,
+    normalize: str = "log1p_minmax",
 ) -> np.ndarray:
     """Bi-Level weights for one span of scores (section 5 of docs/oar-method.md).
 
-    l = log1p(clean(s)); n = min-max(l); tau = np.quantile(n, quantile) with numpy's default
+    n = normalize(clean(s)): log1p then min-max by default (or `rank`, SCORE_NORMALIZERS); tau = np.quantile(n, quantile) with numpy's default
     "linear" interpolation (type 7, position (R - 1) * q between the sorted values; the paper
     does not say, the reference code calls np.quantile with the same default);
     w = max(n / tau, floor) if n < tau else 1 + beta * (n - tau) / (1 - tau); then, with
@@ -84,6 +114,7 @@ def bilevel_weights(
     Returns float32 of the same length as `scores` (empty in, empty out).
     """
     _check_arguments(quantile, beta, floor)
+    to_unit_interval = SCORE_NORMALIZERS.get(normalize)
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 1:
         raise ValueError(f"scores must be 1-D (one per reasoning token); got shape {scores.shape}")
@@ -92,11 +123,9 @@ def bilevel_weights(
     cleaned = _clean(scores)
     if cleaned is None:
         return np.ones(scores.size, dtype=np.float32)
-    logged = np.log1p(cleaned)
-    low, high = logged.min(), logged.max()
-    if high == low:
+    normalized = to_unit_interval(cleaned)
+    if normalized is None:
         return np.ones(scores.size, dtype=np.float32)
-    normalized = (logged - low) / (high - low)
     tau = float(np.quantile(normalized, quantile))
     weights = _cut(normalized, tau, beta, floor)
     if preserve_mass:
@@ -108,11 +137,12 @@ def bilevel_weights(
 def response_weights(scores, reasoning: tuple[int, int], config) -> np.ndarray:
     """One float32 weight per response token: Bi-Level weights of the reasoning span's scores, 1 on every
     other token (conclude, answer, closing brace, eos keep the plain advantage). `config` holds
-    quantile, beta, floor and preserve_mass (a ReshapeConfig)."""
+    quantile, beta, floor, preserve_mass and normalize (a ReshapeConfig)."""
     start, end = reasoning
     weights = np.ones(len(scores), dtype=np.float32)
     weights[start:end] = bilevel_weights(np.asarray(scores[start:end], dtype=np.float32), quantile=config.quantile,
-                                         beta=config.beta, floor=config.floor, preserve_mass=config.preserve_mass)
+                                         beta=config.beta, floor=config.floor, preserve_mass=config.preserve_mass,
+                                         normalize=config.normalize)
     return weights
 
 

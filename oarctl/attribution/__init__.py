@@ -38,6 +38,7 @@ def random(rollouts, table, config, context) -> list[np.ndarray]:
 
 from oarctl.attribution import oar  # noqa: E402  (registers oar_p, oar_g, entropy)
 from oarctl.attribution import oar_p_cheap  # noqa: E402,F401  (registers oar_p_span, oar_p_screened)
-from oarctl.attribution import ground_truth  # noqa: E402,F401  (registers truth)
+from oarctl.attribution import flow  # noqa: E402,F401  (registers oar_flow, oar_flow_span)
+from oarctl.attribution import ground_truth  # noqa: E402,F401  (registers truth, truth_shuffled, truth_last)
 from oarctl.attribution import mc_value  # noqa: E402,F401  (registers mc_value)
 from oarctl.attribution.oar import oar_g, oar_g_batch, oar_p, oar_p_batch  # noqa: E402,F401  (the public API)

@@ -16,6 +16,7 @@ import numpy as np
 
 from oarctl.attribution import ATTRIBUTION_METHODS, on_reasoning
 from oarctl.errors import InputError
+from oarctl.toy.truth import QUERY_STEP, token_classes
 
 UNKNOWN_SCORE = 1.0
 
@@ -26,15 +27,41 @@ def label_scores(labels) -> np.ndarray:
     return np.where(labels < 0, UNKNOWN_SCORE, labels).astype(np.float32)
 
 
+def reasoning_truth(rollouts, table, method: str) -> list[np.ndarray]:
+    """The token_truth labels over each rollout's reasoning span."""
+    if "token_truth" not in table.column_names:
+        raise InputError(f"attribute.method {method} needs the token_truth column, which only rollouts of the "
+                         "chains toy world carry (data.toy_family: chains)")
+    return [np.asarray(labels[r.segments.reasoning[0]:r.segments.reasoning[1]], dtype=np.int8)
+            for r, labels in zip(rollouts, table["token_truth"].to_pylist())]
+
+
 @ATTRIBUTION_METHODS.register("truth")
 def truth(rollouts, table, config, context) -> list[np.ndarray]:
     """The labels over each reasoning span (NaN elsewhere, as every method)."""
-    if "token_truth" not in table.column_names:
-        raise InputError("attribute.method truth needs the token_truth column, which only rollouts of the "
-                         "chains toy world carry (data.toy_family: chains)")
-    labels = table["token_truth"].to_pylist()
+    return [on_reasoning(r, label_scores(labels)) for r, labels in zip(rollouts, reasoning_truth(rollouts, table, "truth"))]
+
+
+@ATTRIBUTION_METHODS.register("truth_shuffled")
+def truth_shuffled(rollouts, table, config, context) -> list[np.ndarray]:
+    """A control: truth's scores permuted within each reasoning span (seeded by seed, step, row): the same
+    weight histogram as truth, no information about which tokens matter."""
     scores = []
-    for rollout, row_labels in zip(rollouts, labels):
-        start, end = rollout.segments.reasoning
-        scores.append(on_reasoning(rollout, label_scores(row_labels[start:end])))
+    for r, labels in zip(rollouts, reasoning_truth(rollouts, table, "truth_shuffled")):
+        rng = np.random.default_rng([context.seed, context.step, r.row])
+        scores.append(on_reasoning(r, rng.permutation(label_scores(labels))))
+    return scores
+
+
+@ATTRIBUTION_METHODS.register("truth_last")
+def truth_last(rollouts, table, config, context) -> list[np.ndarray]:
+    """A control: label 1 only on the query's own step (the step the box copies), the earlier chain 0:
+    the most a method that sees only direct effects on the answer can know. Unknown text scores as in truth."""
+    reasoning_truth(rollouts, table, "truth_last")  # the same error without chains rollouts
+    tokenizer = context.policy.load_tokenizer()
+    scores = []
+    for r, problem, ids in zip(rollouts, table["problem"].to_pylist(), table["response_token_ids"].to_pylist()):
+        classes = np.asarray(token_classes(problem, ids, tokenizer)[r.segments.reasoning[0]:r.segments.reasoning[1]])
+        last = np.where(classes == QUERY_STEP, 1, np.where(classes < 0, -1, 0))
+        scores.append(on_reasoning(r, label_scores(last)))
     return scores

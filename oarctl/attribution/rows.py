@@ -8,11 +8,15 @@ from __future__ import annotations
 from oarctl.attribution.outcome import effective_mode
 
 SPAN_NAMES = ("reasoning", "conclude", "answer")
+# the methods whose outcome is attribute.oar_p_mode (OAR-G's is oar_g_mode)
+PERTURBING_METHODS = ("oar_p", "oar_p_span", "oar_p_screened", "oar_flow", "oar_flow_span")
 
 
 def outcome_mode(config) -> str | None:
     """The outcome definition the configured method uses (None for methods without one)."""
-    return {"oar_p": config.oar_p_mode, "oar_g": config.oar_g_mode}.get(config.method)
+    if config.method in PERTURBING_METHODS:
+        return config.oar_p_mode
+    return config.oar_g_mode if config.method == "oar_g" else None
 
 
 def span_columns(rollouts, mode: str | None) -> dict:

@@ -31,7 +31,7 @@ from oarctl.checkpoints import loaded_files
 from oarctl.distributed import checked_beside, deal, gather_to_rank_zero, process_state, rank, world_size
 from oarctl.runner import StageContext, StageOutput
 
-VERSION = "2"
+VERSION = "3"  # 3: outcome_mode recorded for every OAR-P variant (was None but for oar_p)
 
 
 def rows_of_rank(verified, rows: list[int], ranks: int, index: int) -> list[int]:

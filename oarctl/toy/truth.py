@@ -40,6 +40,7 @@ from oarctl.attribution.segments import token_offsets
 from oarctl.toy.chains import ChainProblem, parse_problem
 
 DEPENDS, FREE, UNKNOWN = 1, 0, -1
+QUERY_STEP = 2  # a class of DEPENDS (token_classes): the query's own step, which the box copies
 
 SEGMENT = re.compile(r"""
     (?P<space>\s+)
@@ -127,15 +128,45 @@ def _readable_text(tokenizer, ids: list[int]) -> tuple[str, list[int], set[int]]
     return "".join(characters), offsets, special
 
 
+def character_classes(problem: ChainProblem, text: str) -> list[int]:
+    """`character_labels`, with the label-1 characters of the query's own step (and the box) as
+    QUERY_STEP: what an outcome read off the answer by teacher forcing can see directly. The other
+    label-1 characters are the earlier chain, which reaches the answer only through later tokens."""
+    labels = character_labels(problem, text)
+    segments = parse_response(text)
+    path = answer_path(problem, segments)
+    spans = [segments[path[0]]] if path and segments[path[0]].name == problem.query else []
+    spans += [s for s in segments if s.kind == "box"][-1:]
+    for segment in spans:
+        labels[segment.start:segment.end] = [QUERY_STEP if v == DEPENDS else v
+                                             for v in labels[segment.start:segment.end]]
+    return labels
+
+
+def _per_token(characters: list[int], offsets: list[int], special: set[int], count: int) -> list[int]:
+    """A token takes its characters' highest class (QUERY_STEP > DEPENDS), else -1 if any is -1, else 0."""
+    values = []
+    for i in range(count):
+        covered = set(characters[offsets[i]:offsets[i + 1]]) if i not in special else set()
+        positive = max((v for v in covered if v > 0), default=None)
+        values.append(positive if positive is not None else UNKNOWN if UNKNOWN in covered else FREE)
+    return values
+
+
 def token_labels(problem: ChainProblem, response_token_ids: list[int], tokenizer) -> list[int]:
     """One label per response token: 1 if any of its characters is 1, else -1 if any is -1, else 0."""
     text, offsets, special = _readable_text(tokenizer, list(response_token_ids))
-    characters = character_labels(problem, text)
-    labels = []
-    for i in range(len(response_token_ids)):
-        covered = set(characters[offsets[i]:offsets[i + 1]]) if i not in special else set()
-        labels.append(DEPENDS if DEPENDS in covered else UNKNOWN if UNKNOWN in covered else FREE)
-    return labels
+    return _per_token(character_labels(problem, text), offsets, special, len(response_token_ids))
+
+
+def token_classes(problem: str, response_token_ids: list[int], tokenizer) -> list[int] | None:
+    """One class per response token: QUERY_STEP (2), earlier chain (1), free (0), unknown (-1); None
+    when `problem` is not a chains problem. Labels are the classes with 2 read as 1."""
+    parsed = parse_problem(problem)
+    if parsed is None:
+        return None
+    text, offsets, special = _readable_text(tokenizer, list(response_token_ids))
+    return _per_token(character_classes(parsed, text), offsets, special, len(response_token_ids))
 
 
 def token_truth(problem: str, response_token_ids: list[int], tokenizer) -> list[int] | None:
