@@ -121,6 +121,14 @@ OPTIONAL["fidelity"] = [              # with token_truth in the input: each meth
     ("truth_hits", pa.int32()),       # label-1 tokens among the selected top_k
     ("truth_recall", pa.float32()),   # truth_hits / truth_tokens; NaN when there is none
     ("truth_auc", pa.float32()),      # P(label-1 token outscores a label-0 one); NaN without both kinds
+    ("query_tokens", pa.int32()),     # label-1 tokens of the query's own step (fidelity_truth.CLASSES)
+    ("earlier_tokens", pa.int32()),   # label-1 tokens of the earlier chain
+    ("free_tokens", pa.int32()),      # label-0 tokens
+    ("truth_auc_query", pa.float32()),    # AUC of the query step's tokens against the free ones
+    ("truth_auc_earlier", pa.float32()),  # AUC of the earlier chain's tokens against the free ones
+    ("weight_query", pa.float32()),   # mean Bi-Level weight (configured reshape) of each class; NaN: none
+    ("weight_earlier", pa.float32()),
+    ("weight_free", pa.float32()),
 ]
 # Columns that must hold one value per response token.
 ALIGNED_WITH_RESPONSE = ["response_logprobs", "token_scores", "token_weights", "token_advantages", "token_truth"]
@@ -193,7 +201,8 @@ def _check_columns(table: pa.Table, schema: pa.Schema, path: Path, kind: str) ->
 
 
 # token_scores is NaN outside the reasoning by design; every other float must be finite.
-NAN_ALLOWED = {"token_scores", "recall", "truth_recall", "truth_auc"}  # NaN: nothing to recall / to rank
+NAN_ALLOWED = {"token_scores", "recall", "truth_recall", "truth_auc", "truth_auc_query", "truth_auc_earlier",
+               "weight_query", "weight_earlier", "weight_free"}  # NaN: nothing to recall / to rank
 
 
 def _check_finite(table: pa.Table, path: Path) -> None:

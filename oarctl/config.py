@@ -116,9 +116,9 @@ class AttributeConfig:
                                          "OAR-P too (the audit: how often screening misses a top token)")
     max_perturbations: int = option(256, "oar_p_span / oar_p_screened: most perturbed forwards per response (exact "
                                           "oar_p perturbs every reasoning token)")
-    flow_rule: str = option("widest", "oar_flow, oar_flow_span: how credit propagates back from the answer over "
-                                      "later tokens: widest (strongest chain, each link its weakest hop), product, "
-                                      "sum (docs/method.md)")
+    flow_rule: str = option("product", "oar_flow, oar_flow_span: how credit propagates back from the answer over "
+                                       "later tokens: product (links 1 - exp(-drop) multiplied along a path, the "
+                                       "best path counts), widest (each path as strong as its weakest link), sum")
     mc_samples: int = option(4, "mc_value: continuations sampled from each step boundary (K)")
     mc_max_new_tokens: int = option(64, "mc_value: response budget of a continuation, counted from the response's "
                                         "start as sample.max_new_tokens is (set them equal)")

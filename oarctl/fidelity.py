@@ -331,17 +331,17 @@ def _header(path: Path, policy_path: Path, config, cases, causal, rewards, secon
             f"- time: oracle {seconds['oracle']:.1f} s, methods {seconds['methods']:.1f} s"]
 
 
-VERSION = "1"
+VERSION = "2"  # 2: credit by class (the query's step, the earlier chain) and Bi-Level weights per class
 
 
 def fidelity_key(input_path: Path, config, policy_path: Path) -> dict:
     """The cache key of `oarctl fidelity`, as the runner keys a stage: what it reads and the options that
-    change its result (the fidelity, verify and attribute sections, the seed that draws the rollouts)."""
+    change its result (the fidelity, verify, attribute and reshape sections, the seed that draws the rollouts)."""
     from oarctl.checkpoints import policy_identity
     from oarctl.config import attribute_key, section_dict
     from oarctl.runner import input_hash
 
-    sections = {name: section_dict(config, name) for name in ("fidelity", "verify", "attribute")}
+    sections = {name: section_dict(config, name) for name in ("fidelity", "verify", "attribute", "reshape")}
     sections["attribute"].pop("accelerate_config", None)  # how a stage is launched, not what it computes
     sections["attribute"] = attribute_key(sections["attribute"], config.fidelity.methods)
     return {"stage": "fidelity", "version": VERSION, "config": sections, "seed": config.run.seed, "step": 0,
@@ -370,7 +370,8 @@ def _measure(input_path: Path, output: Path, config, policy_path: Path, log) -> 
     """Oracle, method scores and the three output files; returns (markdown, manifest metrics)."""
     from oarctl.artifacts import make_table, read_artifact, write_parquet
     from oarctl.attribution.oar import segment_rows
-    from oarctl.fidelity_truth import oracle_agreement, reasoning_labels, truth_columns
+    from oarctl.fidelity_truth import (class_columns, class_table, oracle_agreement, reasoning_classes,
+                                       reasoning_labels, reshape_variants, truth_columns)
     from oarctl.runner import Policy, StageContext
 
     if config.policy.threads:
@@ -399,18 +400,21 @@ def _measure(input_path: Path, output: Path, config, policy_path: Path, log) -> 
 
     columns = fidelity_columns(source_rows, table, causal, scores, section.ks)
     labels = reasoning_labels(table, rollouts)
+    classes = reasoning_classes(table, rollouts, tokenizer)
     if labels is not None:
         columns.update(truth_columns(labels, scores, section.ks))
+        columns.update(class_columns(classes, scores, section.ks, config.reshape))
     result = make_table(columns, "fidelity")
     write_parquet(result, output)
     header = _header(input_path, policy_path, config, cases, causal, table["reward"].to_pylist(), seconds)
     if labels is not None:
         header.append(oracle_agreement(causal, labels))
     metrics = {"rollouts": len(cases), "oracle_seconds": seconds["oracle"], "methods_seconds": seconds["methods"]}
-    return write_report(result, header, section, output), metrics
+    classes_report = [] if classes is None else class_table(scores, classes, reshape_variants(config.reshape))
+    return write_report(result, header, section, output, classes_report), metrics
 
 
-def write_report(result, header: list[str], section, output: Path) -> str:
+def write_report(result, header: list[str], section, output: Path, classes_report: Sequence[str] = ()) -> str:
     """The markdown table (returned, and saved as OUTPUT.md) and the plot (OUTPUT.png)."""
     from oarctl.fidelity_truth import truth_report
 
@@ -418,6 +422,8 @@ def write_report(result, header: list[str], section, output: Path) -> str:
     report = markdown_report(means, section.methods, section.ks, header)
     if "truth_auc" in result.column_names:
         report += "\n".join(truth_report(result, section.methods, section.ks)) + "\n"
+    if classes_report:
+        report += "\n".join(classes_report) + "\n"
     write_bytes_atomically(output.with_suffix(".md"), report)
     rollouts = len(set(result.filter(result["causal_tokens"].to_numpy() > 0)["source_row"].to_pylist()))
     plot_recalls(means, section.methods, section.ks, output.with_suffix(".png"),

@@ -8,6 +8,13 @@ second reference, known by construction: its label-1 reasoning tokens. Per rollo
 - AUC: the probability that a random label-1 token scores above a random label-0 token (ties count
   one half, NaN scores rank lowest; unknown tokens left out); NaN without both kinds of tokens.
 And once per input: how the oracle's causal tokens and the label-1 tokens overlap.
+
+Label-1 tokens come in two classes (`toy/truth.token_classes`): the query's own step, which the box
+copies, and the earlier chain, which reaches the answer only through later tokens. A method that
+sees only direct effects (teacher-forced OAR) finds the first and not the second, so the AUC is split
+by class (each against the free tokens), and the *weights* each class gets from Bi-Level reshaping
+are reported beside the scores: the earlier/free weight ratio says whether a method's credit differs
+from uniform (1.0) where it matters, whatever its AUC.
 """
 from __future__ import annotations
 
@@ -17,8 +24,13 @@ from typing import Sequence
 import numpy as np
 
 from oarctl.fidelity import recall_at_k
+from oarctl.reshaping import bilevel_weights
+from oarctl.toy.truth import QUERY_STEP, token_classes
 
 TRUTH_COLUMNS = ("truth_tokens", "truth_hits", "truth_recall", "truth_auc")
+CLASSES = {"query": QUERY_STEP, "earlier": 1, "free": 0}  # the name of each class in columns and tables
+CLASS_COLUMNS = ("query_tokens", "earlier_tokens", "free_tokens", "truth_auc_query", "truth_auc_earlier",
+                 "weight_query", "weight_earlier", "weight_free")
 
 
 def reasoning_labels(table, rollouts) -> list[np.ndarray] | None:
@@ -27,6 +39,97 @@ def reasoning_labels(table, rollouts) -> list[np.ndarray] | None:
         return None
     return [np.asarray(labels[r.segments.reasoning[0]:r.segments.reasoning[1]], dtype=np.int8)
             for labels, r in zip(table["token_truth"].to_pylist(), rollouts)]
+
+
+def reasoning_classes(table, rollouts, tokenizer) -> list[np.ndarray] | None:
+    """Per rollout, the class of each reasoning token (2 query step, 1 earlier chain, 0 free, -1 unknown),
+    or None when the table has no token_truth."""
+    if "token_truth" not in table.column_names:
+        return None
+    pairs = zip(table["problem"].to_pylist(), table["response_token_ids"].to_pylist(), rollouts)
+    return [np.asarray(token_classes(problem, ids, tokenizer)[r.segments.reasoning[0]:r.segments.reasoning[1]],
+                       dtype=np.int8) for problem, ids, r in pairs]
+
+
+def reshaped(scores: np.ndarray, reshape) -> np.ndarray:
+    """The Bi-Level weights of one reasoning span's scores under a ReshapeConfig."""
+    return bilevel_weights(np.asarray(scores, dtype=np.float64), reshape.quantile, reshape.beta, reshape.floor,
+                           reshape.preserve_mass, reshape.normalize)
+
+
+def class_values(scores: np.ndarray, classes: np.ndarray, reshape) -> tuple:
+    """One rollout's CLASS_COLUMNS: token counts, AUC of each label-1 class against the free tokens, and
+    the mean Bi-Level weight of each class (NaN where the rollout has no such token)."""
+    weights = reshaped(scores, reshape)
+    counts = [int((classes == c).sum()) for c in CLASSES.values()]
+    free = classes == CLASSES["free"]
+    aucs = [auc(scores[(classes == c) | free], (classes[(classes == c) | free] == c).astype(np.int8))
+            for c in (CLASSES["query"], CLASSES["earlier"])]
+    means = [float(weights[classes == c].mean()) if n else math.nan for c, n in zip(CLASSES.values(), counts)]
+    return (*counts, *aucs, *means)
+
+
+def class_columns(classes: list[np.ndarray], scores: dict, ks: Sequence[float], reshape) -> dict:
+    """CLASS_COLUMNS in fidelity_columns' row order (rollout, method, K); repeated over K like truth_auc."""
+    columns = {name: [] for name in CLASS_COLUMNS}
+    for index, row_classes in enumerate(classes):
+        for per_rollout in scores.values():
+            values = class_values(per_rollout[index], row_classes, reshape)
+            for _ in ks:
+                for name, value in zip(CLASS_COLUMNS, values):
+                    columns[name].append(value)
+    return columns
+
+
+def class_summary(scores: list[np.ndarray], classes: list[np.ndarray], reshape) -> dict:
+    """Over rollouts: mean AUC (all label 1, query step, earlier chain, each against free) and the mean
+    weight of every token of each class, pooled, with the earlier/free ratio."""
+    rows = [class_values(s, c, reshape) for s, c in zip(scores, classes)]
+    labels = [np.where(c > 0, 1, c) for c in classes]
+    summary = {"auc": _nanmean([auc(s, l) for s, l in zip(scores, labels)]),
+               "auc_query": _nanmean([r[3] for r in rows]), "auc_earlier": _nanmean([r[4] for r in rows])}
+    for offset, name in enumerate(CLASSES):
+        tokens = sum(r[offset] for r in rows)
+        mass = sum(r[offset] * r[5 + offset] for r in rows if r[offset])
+        summary[f"weight_{name}"] = mass / tokens if tokens else math.nan
+    summary["earlier_free_ratio"] = summary["weight_earlier"] / summary["weight_free"]
+    return summary
+
+
+def _nanmean(values) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return float(np.mean(values)) if values else math.nan
+
+
+def class_table(scores: dict, classes: list[np.ndarray], reshapes: dict) -> list[str]:
+    """Markdown: per method and reshape, the class AUCs and the mean weight of each class."""
+    lines = ["", "## Credit by class: the query's own step, the earlier chain, free tokens", "",
+             "AUC of each label-1 class against the free tokens (mean over rollouts); mean Bi-Level weight of "
+             "each class's tokens (pooled) under each reshape; earlier/free = 1.00 means uniform credit where "
+             "it matters.", "",
+             "| method | reshape | AUC | AUC query step | AUC earlier chain | weight query | weight earlier | "
+             "weight free | earlier / free |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for method, per_rollout in scores.items():
+        for name, reshape in reshapes.items():
+            s = class_summary(per_rollout, classes, reshape)
+            cells = [s["auc"], s["auc_query"], s["auc_earlier"], s["weight_query"], s["weight_earlier"],
+                     s["weight_free"], s["earlier_free_ratio"]]
+            lines.append(f"| {method} | {name} | " + " | ".join("n/a" if math.isnan(v) else f"{v:.3f}"
+                                                               for v in cells) + " |")
+    return lines
+
+
+def reshape_variants(reshape) -> dict:
+    """The configured reshape and, beside it, the other score normalisations at the same knobs."""
+    import dataclasses
+
+    from oarctl.reshaping import SCORE_NORMALIZERS
+
+    variants = {f"configured ({reshape.normalize})": reshape}
+    for name in SCORE_NORMALIZERS.names():
+        if name != reshape.normalize:
+            variants[f"normalize={name}"] = dataclasses.replace(reshape, normalize=name)
+    return variants
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:

@@ -13,10 +13,14 @@ as OAR-P) is already a forward pass over everything after it. The same pass give
   summed per later unit v into D[u, v] (the drop of v's joint log-likelihood; one token per unit for
   `oar_flow`, a window for `oar_flow_span`).
 Credit then flows back from the answer over the units, last first, by a propagation rule
-(`attribute.flow_rule`, the registry below); the default `widest` is the widest path
-    I_u = max(A_u, max_{v > u} min(D[u, v], I_v)):
-a unit is as important as the strongest chain of "changing it changes that" links from it to the
-answer. The rules were compared on the same rollouts (bench/credit_gate.py; docs/results.md).
+(`attribute.flow_rule`, the registry below):
+    widest:   I_u = max(A_u, max_{v > u} min(D[u, v], I_v))
+    product:  I_u = max(A_u, max_{v > u} (1 - exp(-D[u, v])) I_v)      (the default)
+A unit is as important as its strongest chain of "changing it changes that" links to the answer;
+`widest` makes a chain as strong as its weakest link (the first probe's rule), `product` reads a
+link's drop as the probability 1 - exp(-D) that a change gets through and multiplies them, so long
+chains of weak links fade. On the same perturbations of sampled chains rollouts `product` ranked the
+answer's tokens best (bench/credit_gate.py; docs/results.md), so it is the default.
 
 Cost: the forwards of OAR-P over the same units, plus the output layer at the suffix's reasoning
 positions, projected `LOGIT_TOKENS` (rows x positions) at a time and never as (B, T, V) for the
@@ -98,7 +102,7 @@ def _unit_drops(drops: np.ndarray, first: int, starts: np.ndarray, ends: np.ndar
 @torch.no_grad()
 def flow_scores(model, input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, units: list[Span],
                 mode: str, perturb_token_id: int | None = None, chunk_size: int = 8, max_batch_tokens: int = 0,
-                rules: tuple[str, ...] = ("widest",)) -> dict[str, np.ndarray]:
+                rules: tuple[str, ...] = ("product",)) -> dict[str, np.ndarray]:
     """Propagated OAR-P credit (len(units),) float64 per rule. `units` are sorted, disjoint spans
     tiling the reasoning (one token each for oar_flow); each is perturbed once."""
     if [a for a, _ in units] != sorted(a for a, _ in units) or any(
