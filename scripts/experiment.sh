@@ -33,6 +33,9 @@ one_run() {  # METHOD SEED
   case $method in
     truth_q75) extra=(--set attribute.method=truth --set reshape.quantile=0.75) ;;  # label 0 at the floor
     uniform_lr3x) extra=(--set attribute.method=uniform --set update.learning_rate=1.5e-3) ;;  # control: a bigger step
+    # groups whose rewards are all equal have advantage 0: their weights change nothing, so the costly
+    # methods do not score them (the same update, fewer perturbed forwards)
+    oar_flow|oar_flow_span|oar_p_span|oar_p) extra=(--set attribute.method="$method" --set attribute.skip_uniform_groups=true) ;;
     *) extra=(--set attribute.method="$method") ;;
   esac
   # The base policy's evaluation has the same cache key in every run of a seed (same policy, prompts,
