@@ -7,7 +7,9 @@ A random-init Qwen2 (seeded, `--hidden`, `--layers`, `--heads`, vocabulary `--vo
 of `rows` identical-length responses, prompt (64 tokens) + R reasoning + `\\boxed{` + 3 answer
 tokens, filling the budget (rows = budget // sequence length, at least 1). oar_g scores them all;
 oar_p perturbs the first positions of one response, as many as fill one chunk under the budget,
-twice over (every chunk at one length costs about the same tokens, so two stand for all R). The peak is the resident-set
+twice over (every chunk at one length costs about the same tokens, so two stand for all R); oar_flow
+the same tokens one by one and the rest of the reasoning as one more unit (the widest chunks are the
+first ones; its per-unit state is O(R) whatever the number of units). The peak is the resident-set
 high-water mark above the resident set just before the call (Linux clear_refs), after a warm-up
 call on a short sequence so that one-off allocations are not counted.
 
@@ -67,7 +69,30 @@ def call(policy, method: str, length: int, rows: int, args):
     ids, reasoning, answer = items[0]
     count = 2 * oar.chunk_rows(reasoning[0], len(ids), args.chunk, args.budget)
     spans = [(t, t + 1) for t in range(reasoning[0], min(reasoning[1], reasoning[0] + count))]
+    if method == "oar_flow":  # the same first tokens one by one, then the rest as one unit (one row)
+        from oarctl.attribution.flow import flow_scores
+
+        flow_scores(policy, ids, reasoning, answer, flow_probe_units(spans, reasoning), "last", None, args.chunk,
+                    args.budget)
+        return None
     return oar.perturbation_scores(policy, ids, reasoning, answer, spans, "last", None, args.chunk, args.budget)
+
+
+def flow_probe_units(spans, reasoning) -> list:
+    return spans + ([(spans[-1][1], reasoning[1])] if spans[-1][1] < reasoning[1] else [])
+
+
+def flow_in_flight(length: int, args) -> int:
+    """The widest chunk oar_flow runs in the probe: rows x the suffix recomputed, from its own chunk plan."""
+    from oarctl.attribution import oar
+
+    ids, reasoning, answer = response(length, args.vocab)
+    count = 2 * oar.chunk_rows(reasoning[0], len(ids), args.chunk, args.budget)  # as `call` perturbs
+    end = oar._plan(ids, reasoning, answer, "last").end  # where a suffix pass stops
+    units = flow_probe_units([(t, t + 1) for t in range(reasoning[0], min(reasoning[1], reasoning[0] + count))],
+                             reasoning)
+    chunks = oar._perturbation_chunks(units, end, args.chunk, args.budget)
+    return max(len(chunk) * (end - units[chunk[0]][0]) for chunk in chunks)
 
 
 def measure(args) -> dict:
@@ -83,13 +108,15 @@ def measure(args) -> dict:
     seconds = time.perf_counter() - started
     suffix = args.length + 4  # an OAR-P chunk recomputes rows x the suffix after its first position
     in_flight = rows * sequence if args.method == "oar_g" else min(args.chunk, max(1, args.budget // suffix)) * suffix
+    if args.method == "oar_flow":
+        in_flight = flow_in_flight(args.length, args)
     return {"method": args.method, "length": args.length, "checkpointing": args.checkpointing, "rows": rows,
             "tokens": in_flight, "peak_mib": (_status_kib("VmHWM") - start) / 1024, "seconds": seconds}
 
 
 def parser() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    options.add_argument("--method", choices=["oar_g", "oar_p"], required=True)
+    options.add_argument("--method", choices=["oar_g", "oar_p", "oar_flow"], required=True)
     options.add_argument("--length", type=int, required=True, help="reasoning tokens R")
     options.add_argument("--budget", type=int, default=4096, help="attribute.max_batch_tokens")
     options.add_argument("--checkpointing", action="store_true", help="OAR-G gradient checkpointing")

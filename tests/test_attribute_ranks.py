@@ -20,7 +20,7 @@ from oarctl.distributed import deal
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_CPU_RANKS = ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"
-METHODS = ("oar_g", "oar_p")
+METHODS = ("oar_g", "oar_p", "oar_flow")
 
 
 # ---- dealing rows to ranks -----------------------------------------------------------------------
@@ -169,7 +169,7 @@ def test_two_ranks_write_the_scores_of_one_process(verified, method):
     # the launch adds nothing of its own: each rank's scores are, bit for bit, those of the method called
     # in one process on that rank's rows
     assert _relative_difference(_scores(two), _scored_per_rank(verified, method)) == 0.0
-    # OAR-P scores each row on its own (its clean pass and perturbation chunks), and OAR-G batches only
+    # OAR-P and oar_flow score each row on its own (its clean pass and perturbation chunks), and OAR-G batches only
     # rows of one prompt (oar._prefix_batches), whose group is never split over ranks: every row meets
     # the same batch, padding and kernels as in one process, so the bytes are those of one process.
     assert same_bytes and difference == 0.0

@@ -205,3 +205,14 @@ def test_peak_memory_per_token_stays_flat_from_256_to_3072_tokens(method):
     ratios = [m["peak_mib"] / m["tokens"] for m in per_token]
     print(method, [f"{m['length']}: {m['peak_mib']:.0f} MiB / {m['tokens']} tokens" for m in per_token])
     assert max(ratios) / min(ratios) <= 1.5
+
+
+def test_oar_flow_memory_per_token_stays_flat_from_256_to_2048_tokens():
+    """oar_flow keeps O(R) state beside OAR-P's chunks (D is used row by row, last chunk first): at a
+    4,096-token budget its peak per in-flight token stays within 1.5x as responses grow 8x."""
+    from memory_probe import probe
+
+    per_token = [probe(method="oar_flow", length=length, budget=4096) for length in (256, 2048)]
+    ratios = [m["peak_mib"] / m["tokens"] for m in per_token]
+    print("oar_flow", [f"{m['length']}: {m['peak_mib']:.0f} MiB / {m['tokens']} tokens" for m in per_token])
+    assert max(ratios) / min(ratios) <= 1.5
