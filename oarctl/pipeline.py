@@ -106,6 +106,9 @@ def _policy(config, path: Path, stage: str) -> Policy:
 
 
 TEMPLATED_STAGES = ("sample", "evaluate")
+# Options added after runs existed: each joins its stage's key only when set away from this value,
+# so the runs made before it keep their keys (and their cached outputs).
+KEYED_WHEN_CHANGED = {"reshape": {"quantile_carry": False}}
 
 
 def key_section(config, name: str) -> dict:
@@ -116,6 +119,9 @@ def key_section(config, name: str) -> dict:
     section = config_module.section_dict(config, name)
     section.pop("accelerate_config", None)  # how the stage is launched, not what it computes
     section.pop("persistent", None)
+    for option_name, default in KEYED_WHEN_CHANGED.get(name, {}).items():
+        if section.get(option_name) == default:
+            section.pop(option_name)
     if name == "attribute":
         section = config_module.attribute_key(section, [config.attribute.method])
     if name in TEMPLATED_STAGES and config.data.prompt_template != DEFAULT:

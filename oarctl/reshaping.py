@@ -66,6 +66,26 @@ def _cut(normalized: np.ndarray, tau: float, beta: float, floor: float) -> np.nd
     return weights
 
 
+def _normalized(scores: np.ndarray) -> np.ndarray | None:
+    """n = min-max(log1p(clean(s))) in [0, 1]; None when the span has no ranking (all-ones weights)."""
+    cleaned = _clean(scores)
+    if cleaned is None:
+        return None
+    logged = np.log1p(cleaned)
+    low, high = logged.min(), logged.max()
+    if high == low:
+        return None
+    return (logged - low) / (high - low)
+
+
+def _weights(normalized: np.ndarray, tau: float, beta: float, floor: float, preserve_mass: bool) -> np.ndarray:
+    weights = _cut(normalized, tau, beta, floor)
+    if preserve_mass:
+        # sum >= 1: the maximum (n = 1 >= tau) always gets a boost >= 1.
+        weights = weights * (weights.size / weights.sum())
+    return weights.astype(np.float32)
+
+
 def bilevel_weights(
     scores: np.ndarray,
     quantile: float = 0.25,
@@ -89,20 +109,46 @@ def bilevel_weights(
         raise ValueError(f"scores must be 1-D (one per reasoning token); got shape {scores.shape}")
     if scores.size == 0:
         return np.zeros(0, dtype=np.float32)
-    cleaned = _clean(scores)
-    if cleaned is None:
+    normalized = _normalized(scores)
+    if normalized is None:
         return np.ones(scores.size, dtype=np.float32)
-    logged = np.log1p(cleaned)
-    low, high = logged.min(), logged.max()
-    if high == low:
-        return np.ones(scores.size, dtype=np.float32)
-    normalized = (logged - low) / (high - low)
-    tau = float(np.quantile(normalized, quantile))
-    weights = _cut(normalized, tau, beta, floor)
-    if preserve_mass:
-        # sum >= 1: the maximum (n = 1 >= tau) always gets a boost >= 1.
-        weights = weights * (weights.size / weights.sum())
-    return weights.astype(np.float32)
+    return _weights(normalized, float(np.quantile(normalized, quantile)), beta, floor, preserve_mass)
+
+
+def carried_bilevel_weights(spans: list, quantile: float = 0.25, beta: float = 1.0, floor: float = 0.1,
+                            preserve_mass: bool = True) -> list[np.ndarray]:
+    """Bi-Level weights of a batch's spans the way the released code's batch loop computes them
+    (`reshape.quantile_carry`; docs/method.md, "Where oarctl differs from the released code").
+
+    The released loop writes each span's threshold tau into the variable that held the quantile
+    level, so span 1 uses `quantile` and every later span uses the previous span's tau as its level
+    (0.25 -> ~1e-6 -> ~1e-12 on OAR-P scores: after the first span about one token per span is
+    suppressed). A span without a ranking (all equal) gets all ones and carries tau = 0, as the
+    released min-max gives it; an empty span, or one whose scores are all NaN (a row not scored,
+    `attribute.skip_uniform_groups`), gets all ones and leaves the level as it was.
+    """
+    _check_arguments(quantile, beta, floor)
+    level, batch = quantile, []
+    for scores in spans:
+        scores = np.asarray(scores, dtype=np.float64)
+        if scores.size == 0 or np.isnan(scores).all():
+            batch.append(np.ones(scores.size, dtype=np.float32))
+            continue
+        normalized = _normalized(scores)
+        if normalized is None:
+            batch.append(np.ones(scores.size, dtype=np.float32))
+            level = 0.0
+            continue
+        tau = float(np.quantile(normalized, level))
+        batch.append(_weights(normalized, tau, beta, floor, preserve_mass))
+        level = tau
+    return batch
+
+
+def _on_response(length: int, reasoning: tuple[int, int], reasoning_weights: np.ndarray) -> np.ndarray:
+    weights = np.ones(length, dtype=np.float32)
+    weights[reasoning[0]:reasoning[1]] = reasoning_weights
+    return weights
 
 
 def response_weights(scores, reasoning: tuple[int, int], config) -> np.ndarray:
@@ -110,10 +156,20 @@ def response_weights(scores, reasoning: tuple[int, int], config) -> np.ndarray:
     other token (conclude, answer, closing brace, eos keep the plain advantage). `config` holds
     quantile, beta, floor and preserve_mass (a ReshapeConfig)."""
     start, end = reasoning
-    weights = np.ones(len(scores), dtype=np.float32)
-    weights[start:end] = bilevel_weights(np.asarray(scores[start:end], dtype=np.float32), quantile=config.quantile,
-                                         beta=config.beta, floor=config.floor, preserve_mass=config.preserve_mass)
-    return weights
+    return _on_response(len(scores), reasoning, bilevel_weights(
+        np.asarray(scores[start:end], dtype=np.float32), quantile=config.quantile, beta=config.beta,
+        floor=config.floor, preserve_mass=config.preserve_mass))
+
+
+def batch_response_weights(rows: list, config) -> list[np.ndarray]:
+    """`response_weights` of every (scores, reasoning span) row of a batch, in order; with
+    config.quantile_carry, the released code's carried quantile level (`carried_bilevel_weights`)."""
+    if not config.quantile_carry:
+        return [response_weights(scores, reasoning, config) for scores, reasoning in rows]
+    spans = [np.asarray(scores[start:end], dtype=np.float32) for scores, (start, end) in rows]
+    carried = carried_bilevel_weights(spans, quantile=config.quantile, beta=config.beta, floor=config.floor,
+                                      preserve_mass=config.preserve_mass)
+    return [_on_response(len(scores), reasoning, weights) for (scores, reasoning), weights in zip(rows, carried)]
 
 
 def top_mass_share(weights: np.ndarray, share: float = 0.1) -> float:

@@ -22,6 +22,9 @@ from __future__ import annotations
 import torch
 
 MODES = ("last", "answer_mean", "answer_joint")
+# The outcome math's dtype; bench/method_deviations.py sets float32 (the released code's) to measure
+# what this deviation changes.
+OUTCOME_DTYPE = torch.float64
 DISTRIBUTION_MODES = ("last", "answer_mean")
 
 
@@ -47,7 +50,7 @@ def outcome_from_logits(logits: torch.Tensor, mode: str, answer_ids: torch.Tenso
 
     `mode` must already be effective; `answer_ids` (A,) are the targets of answer_joint.
     """
-    logits = logits.double()
+    logits = logits.to(OUTCOME_DTYPE)
     if mode == "last":
         return torch.log_softmax(logits[:, 0], dim=-1)  # (B, V)
     if mode == "answer_mean":
