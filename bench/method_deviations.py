@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.attribution import spearman  # noqa: E402
 from oarctl.attribution import oar, outcome  # noqa: E402
-from oarctl.reshaping import (_normalized, bilevel_weights, carried_bilevel_weights,  # noqa: E402
+from oarctl.reshaping import (_normalized, _weights, bilevel_weights, carried_bilevel_weights,  # noqa: E402
                               concentration_metrics)
 
 CHAINS_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "chains.yaml"
@@ -114,6 +114,10 @@ def quantile_carry(scores, rollouts_per_prompt: int) -> None:
     carried = carried_bilevel_weights(scores, preserve_mass=False)
     print("\n3. Quantile carry (reshape.quantile_carry), the batch in sampled order "
           f"({rollouts_per_prompt} rollouts per prompt, consecutive)")
+    levels = [0.25]  # the released loop's level variable, for the first rollouts
+    for normalized in (_normalized(s) for s in scores[:4]):
+        levels.append(0.0 if normalized is None else float(np.quantile(normalized, levels[-1])))
+    print(f"   carried level, rollouts 1-5: {' -> '.join(f'{level:.2g}' for level in levels)}")
     for name, weights in (("q = 0.25 every rollout (paper, default)", plain), ("carried (released)", carried)):
         suppressed = np.array([(w < 1).sum() for w in weights])
         lengths = np.array([w.size for w in weights])
@@ -121,6 +125,13 @@ def quantile_carry(scores, rollouts_per_prompt: int) -> None:
         print(f"   {name}: suppressed tokens, rollout 1: {suppressed[0]} of {lengths[0]}; rollouts 2..: mean "
               f"{suppressed[1:].mean():.2f} of {lengths[1:].mean():.0f}; top-10% mass share "
               f"{shares['top10_mass_share']:.3f}")
+
+
+def unclamped_weights(scores: np.ndarray) -> np.ndarray:
+    """The released Bi-Level weights of scores > -1: log1p of the raw scores, negatives included."""
+    logged = np.log1p(scores)
+    normalized = (logged - logged.min()) / (logged.max() - logged.min())
+    return _weights(normalized, float(np.quantile(normalized, 0.25)), 1.0, 0.1, True)
 
 
 def answer_joint_clamp(model, rollouts) -> None:
@@ -131,32 +142,42 @@ def answer_joint_clamp(model, rollouts) -> None:
     print(f"   tokens below 0: {np.mean(np.concatenate(negative)):.1%}; rollouts with any: "
           f"{np.mean([n.any() for n in negative]):.0%}; rollouts with one below -1 (NaN weights): "
           f"{np.mean([(s < -1).any() for s in scores]):.0%}")
+    kept = [s for s in scores if s.min() > -1 and s.max() > s.min()]
+    gaps = np.concatenate([np.abs(bilevel_weights(s) - unclamped_weights(s)) for s in kept])
+    print(f"   Bi-Level weights, clamped vs the released log1p of negatives ({len(kept)} rollouts without one "
+          f"below -1): max |dw| {gaps.max():.2f}, median {np.median(gaps):.2f}")
 
 
-def released_last(rollouts) -> list[oar.Item]:
-    """OAR-G items whose `last` outcome is the released one: the logits at the last answer token."""
-    return [(r.input_ids[:r.answer[1]], r.reasoning, (r.answer[1], r.answer[1])) for r in rollouts]
+def released_last(items: list[oar.Item]) -> list[oar.Item]:
+    """The same OAR-G items with the released `last` outcome: the logits at the last answer token
+    (an empty answer span at the answer's end puts `last` there)."""
+    return [(ids[:answer[1]], reasoning, (answer[1], answer[1])) for ids, reasoning, answer in items]
 
 
-def oar_g_correlations(name: str, scores_a, scores_b, scores_floor) -> None:
-    rho = [spearman(a.numpy(), b.numpy()) for a, b in zip(scores_a, scores_b)]
-    floor = [spearman(a.numpy(), b.numpy()) for a, b in zip(scores_a, scores_floor)]
-    gaps = weight_gaps([s.numpy() for s in scores_a], [s.numpy() for s in scores_b])
-    print(f"   {name}: Spearman median {np.median(rho):.2f} (another noise seed: {np.median(floor):.2f}); "
+def median_spearman(scores_a, scores_b) -> float:
+    return float(np.median([spearman(a.numpy(), b.numpy()) for a, b in zip(scores_a, scores_b)]))
+
+
+def oar_g_gap(name: str, ours, released, floor_name: str, floor: float) -> None:
+    gaps = weight_gaps([s.numpy() for s in ours], [s.numpy() for s in released])
+    print(f"   {name}: Spearman median {median_spearman(ours, released):.2f} ({floor_name}: {floor:.2f}); "
           f"Bi-Level max |dw| {gaps.max():.2f}, median {np.median(gaps):.2f}")
 
 
 def oar_g_choices(model, rollouts) -> None:
-    answered = [r for r in rollouts if r.answer[1] > r.answer[0]]
+    answered = oar.items([r for r in rollouts if r.answer[1] > r.answer[0]])
     seeds, others = list(range(len(answered))), [1000 + i for i in range(len(answered))]
     print("\n5. OAR-G choices (rollouts with an answer)")
-    ours = oar.oar_g_batch(model, oar.items(answered), "last", seeds=seeds)
+    ours = oar.oar_g_batch(model, answered, "last", seeds=seeds)
     released = oar.oar_g_batch(model, released_last(answered), "last", seeds=seeds)
-    reseeded = oar.oar_g_batch(model, oar.items(answered), "last", seeds=others)
-    oar_g_correlations("last at a_1's predictor vs after the answer (released)", ours, released, reseeded)
-    quiet = oar.oar_g_batch(model, oar.items(answered), "answer_joint", seeds=seeds)
-    noisy = _with_answer_joint_noise(lambda: oar.oar_g_batch(model, oar.items(answered), "answer_joint", seeds=seeds))
-    oar_g_correlations("answer_joint without noise vs with (released)", quiet, noisy, quiet)
+    reseeded = oar.oar_g_batch(model, answered, "last", seeds=others)
+    oar_g_gap("last at a_1's predictor vs after the answer (released)", ours, released,
+              "ours under another noise seed", median_spearman(ours, reseeded))
+    quiet = oar.oar_g_batch(model, answered, "answer_joint", seeds=seeds)
+    noisy = _with_answer_joint_noise(lambda: oar.oar_g_batch(model, answered, "answer_joint", seeds=seeds))
+    renoised = _with_answer_joint_noise(lambda: oar.oar_g_batch(model, answered, "answer_joint", seeds=others))
+    oar_g_gap("answer_joint without noise vs with (released)", quiet, noisy,
+              "released under another noise seed", median_spearman(noisy, renoised))
 
 
 def _with_answer_joint_noise(compute):

@@ -2,16 +2,19 @@
 
 Reads the scores of one span (any attribution method: OAR-P, OAR-G, entropy, random); writes
 float32 weights, one per score, that multiply the sequence advantage (section 5 of
-docs/oar-method.md). Tokens scoring below the q-quantile are suppressed towards `floor`, the
+docs/method.md). Tokens scoring below the q-quantile are suppressed towards `floor`, the
 others boosted up to 1 + beta; with `preserve_mass` the weights are rescaled to sum to the span
 length, so the token advantages of a response still sum to the GRPO total.
 
-Where we deviate from the reference code (OAR-main.py):
+Where we deviate from the reference code (OAR-main.py; sizes measured in section 7 of docs/method.md):
 - the quantile level q and the threshold tau are separate variables (the reference overwrote q
   with tau, so every response after the first in a batch used a wrong cut-off);
+  `reshape.quantile_carry` reproduces the overwrite (`carried_bilevel_weights`);
 - scores are cleaned first (NaN -> 0, +inf -> largest finite score, negatives -> 0), because
   `answer_joint` deltas can be negative and log1p below -1 is NaN;
-- the edge cases tau == 0 and tau == 1 are defined instead of dividing by zero (see `_cut`).
+- the edge cases tau == 0 and tau == 1 are defined instead of dividing by zero (see `_cut`), without
+  the reference's `+ 1e-8` beside tau, which shrinks suppressed weights by 1e-8 / (tau + 1e-8):
+  percents, since OAR-P's tau is often below 1e-6.
 """
 from __future__ import annotations
 
@@ -93,7 +96,7 @@ def bilevel_weights(
     floor: float = 0.1,
     preserve_mass: bool = True,
 ) -> np.ndarray:
-    """Bi-Level weights for one span of scores (section 5 of docs/oar-method.md).
+    """Bi-Level weights for one span of scores (section 5 of docs/method.md).
 
     l = log1p(clean(s)); n = min-max(l); tau = np.quantile(n, quantile) with numpy's default
     "linear" interpolation (type 7, position (R - 1) * q between the sorted values; the paper
@@ -118,7 +121,7 @@ def bilevel_weights(
 def carried_bilevel_weights(spans: list, quantile: float = 0.25, beta: float = 1.0, floor: float = 0.1,
                             preserve_mass: bool = True) -> list[np.ndarray]:
     """Bi-Level weights of a batch's spans the way the released code's batch loop computes them
-    (`reshape.quantile_carry`; docs/method.md, "Where oarctl differs from the released code").
+    (`reshape.quantile_carry`; sections 5 and 7 of docs/method.md).
 
     The released loop writes each span's threshold tau into the variable that held the quantile
     level, so span 1 uses `quantile` and every later span uses the previous span's tau as its level

@@ -1,7 +1,7 @@
 """The outcome of a rollout, P_final or phi, from the logits at its outcome positions.
 
 Reads logits of a causal LM at the positions `outcome_positions` names; writes the outcome
-(section 2 of docs/oar-method.md), computed in float64 whatever the model dtype. The scores that
+(section 2 of docs/method.md), computed in float64 whatever the model dtype. The scores that
 decide Bi-Level's quantile are KLs of nearly equal distributions over ~152k tokens: in float32 the
 sum's rounding (~1e-7 x entropy) is a few percent of a score of 1e-5. There are only K positions x V
 values, so float64 costs nothing that shows:
