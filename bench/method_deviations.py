@@ -114,10 +114,7 @@ def quantile_carry(scores, rollouts_per_prompt: int) -> None:
     carried = carried_bilevel_weights(scores, preserve_mass=False)
     print("\n3. Quantile carry (reshape.quantile_carry), the batch in sampled order "
           f"({rollouts_per_prompt} rollouts per prompt, consecutive)")
-    levels = [0.25]  # the released loop's level variable, for the first rollouts
-    for normalized in (_normalized(s) for s in scores[:4]):
-        levels.append(0.0 if normalized is None else float(np.quantile(normalized, levels[-1])))
-    print(f"   carried level, rollouts 1-5: {' -> '.join(f'{level:.2g}' for level in levels)}")
+    print(f"   carried level, rollouts 1-5: {' -> '.join(f'{level:.2g}' for level in carried_levels(scores)[:5])}")
     for name, weights in (("q = 0.25 every rollout (paper, default)", plain), ("carried (released)", carried)):
         suppressed = np.array([(w < 1).sum() for w in weights])
         lengths = np.array([w.size for w in weights])
@@ -125,6 +122,20 @@ def quantile_carry(scores, rollouts_per_prompt: int) -> None:
         print(f"   {name}: suppressed tokens, rollout 1: {suppressed[0]} of {lengths[0]}; rollouts 2..: mean "
               f"{suppressed[1:].mean():.2f} of {lengths[1:].mean():.0f}; top-10% mass share "
               f"{shares['top10_mass_share']:.3f}")
+    longer = scores * 4  # a step of configs/chains.yaml samples 512 rollouts
+    levels = carried_levels(longer)
+    unsuppressed = sum(int((w < 1).sum() == 0) for w in carried_bilevel_weights(longer, preserve_mass=False))
+    reached = f"reaches 0 at rollout {levels.index(0.0) + 1}" if 0.0 in levels else "stays above 0"
+    print(f"   the batch repeated to {len(longer)} rollouts: the level {reached}; {unsuppressed} rollouts with no "
+          f"token suppressed")
+
+
+def carried_levels(scores) -> list[float]:
+    """The released loop's quantile level before each rollout: q, then the previous rollout's tau."""
+    levels = [0.25]
+    for normalized in (_normalized(s) for s in scores[:-1]):
+        levels.append(0.0 if normalized is None else float(np.quantile(normalized, levels[-1])))
+    return levels
 
 
 def unclamped_weights(scores: np.ndarray) -> np.ndarray:
