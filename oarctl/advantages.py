@@ -6,7 +6,7 @@ per response. Every estimator in `ADVANTAGE_ESTIMATORS` has the same signature
     (rewards, group_ids, *, scale, eps) -> advantages
 
 so the update stage never special-cases a name. `token_advantages` then multiplies a sequence
-advantage by per-token weights (Bi-Level reshaping, section 5 of docs/oar-method.md).
+advantage by per-token weights (Bi-Level reshaping, section 5 of docs/method.md).
 
 Where we deviate from verl `core_algos.py`:
 - `scale="batch"` is not in verl; it follows TRL's `scale_rewards="batch"` (std of the rewards of

@@ -143,6 +143,8 @@ class ReshapeConfig:
     normalize: str = option("log1p_minmax", "how scores become Bi-Level's values in [0, 1]: log1p_minmax (the "
                                             "paper's), rank (percentile within the response; a deviation from the "
                                             "paper that keeps heavy-tailed scores from flattening the weights)")
+    quantile_carry: bool = option(False, "reproduces the released code, not the paper's text: each response after "
+                                         "the first in a batch uses the previous one's threshold as its quantile level")
 
 
 @dataclass
@@ -494,7 +496,7 @@ MC_OPTIONS = ("mc_samples", "mc_max_new_tokens", "mc_checker")
 
 # Options added after runs existed: in a stage's cache key only when set to something else than their
 # default, so the runs made before them keep their keys (and resume instead of recomputing).
-KEYED_WHEN_SET = {"attribute": ("flow_rule",), "reshape": ("normalize",)}
+KEYED_WHEN_SET = {"attribute": ("flow_rule",), "reshape": ("normalize", "quantile_carry")}
 
 
 def attribute_key(section: dict, methods) -> dict:
@@ -517,6 +519,29 @@ def to_dict(config: Config) -> dict:
     return dataclasses.asdict(config)
 
 
+# Where an option's behaviour differs from the authors' released code (OAR-main.py): `explain` names
+# the deviation beside the option; docs/method.md's table gives each one's reason and measured size.
+DEVIATIONS = {
+    "attribute.method": "oar_g is called with named arguments; the released call passes them in the wrong order",
+    "attribute.oar_p_mode": "answer_joint scores below 0 are clamped to 0; the released ones below -1 give NaN "
+                            "weights",
+    "attribute.oar_g_mode": "last is the position predicting the first answer token, the released one the "
+                            "position after the answer; answer_joint adds no noise",
+    "attribute.noise_std": "not added for answer_joint; the released code always adds it",
+    "attribute.dtype": "outcome math in float64; the released code's is float32",
+    "reshape.quantile": "q serves every response; the released loop overwrites it with tau (see quantile_carry); "
+                        "no + 1e-8 beside tau",
+    "reshape.quantile_carry": "off by default: the paper's text",
+}
+METHOD_PAGE = "docs/method.md"
+
+
+def _help(section: str, f: dataclasses.Field) -> str:
+    deviation = DEVIATIONS.get(f"{section}.{f.name}")
+    help_text = f.metadata.get("help", "")
+    return f"{help_text} [deviation from the released code: {deviation}; {METHOD_PAGE}]" if deviation else help_text
+
+
 def explain() -> str:
     """Every option with its default and help, for `oarctl config --explain`."""
     lines = []
@@ -525,5 +550,5 @@ def explain() -> str:
         lines.append(f"{section}:")
         for f in dataclasses.fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            lines.append(f"  {f.name}: {default!r:<24} # {f.metadata.get('help', '')}")
+            lines.append(f"  {f.name}: {default!r:<24} # {_help(section, f)}")
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 Reads a verified (or attributions) Parquet of rollouts and a policy; writes a Parquet of recalls
 (schema `fidelity` in artifacts.py, one row per rollout x method x K), a markdown table and a PNG
 plot beside it. This is the paper's causal-token recall, with an oracle we define ourselves (the
-paper's exact protocol is not available to us, see docs/oar-method.md).
+paper's exact protocol is not available to us, see the introduction of docs/method.md).
 
 The counterfactual oracle, per sampled rollout and reasoning token t (the reasoning span of
 `attribution/segments.py`, as the attribute stage sees it):

@@ -7,7 +7,7 @@ signature each: (token_loss, mask, *, max_length) -> scalar.
 
 Where we deviate from verl `core_algos.py`:
 - no dual-clip (verl's clip_ratio_c) and no clamp of the log-ratio to [-20, 20]: the loss is the
-  plain clipped surrogate of the paper (section 1 of docs/oar-method.md);
+  plain clipped surrogate of the paper (section 1 of docs/method.md);
 - the k3 estimate is not clamped to [-10, 10] (verl's low_var_kl does);
 - aggregation differences are listed in each aggregation's docstring.
 """

@@ -2,16 +2,19 @@
 
 Reads the scores of one span (any attribution method: OAR-P, OAR-G, entropy, random); writes
 float32 weights, one per score, that multiply the sequence advantage (section 5 of
-docs/oar-method.md). Tokens scoring below the q-quantile are suppressed towards `floor`, the
+docs/method.md). Tokens scoring below the q-quantile are suppressed towards `floor`, the
 others boosted up to 1 + beta; with `preserve_mass` the weights are rescaled to sum to the span
 length, so the token advantages of a response still sum to the GRPO total.
 
-Where we deviate from the reference code (OAR-main.py):
+Where we deviate from the reference code (OAR-main.py; sizes measured in section 7 of docs/method.md):
 - the quantile level q and the threshold tau are separate variables (the reference overwrote q
   with tau, so every response after the first in a batch used a wrong cut-off);
+  `reshape.quantile_carry` reproduces the overwrite (`carried_bilevel_weights`);
 - scores are cleaned first (NaN -> 0, +inf -> largest finite score, negatives -> 0), because
   `answer_joint` deltas can be negative and log1p below -1 is NaN;
-- the edge cases tau == 0 and tau == 1 are defined instead of dividing by zero (see `_cut`).
+- the edge cases tau == 0 and tau == 1 are defined instead of dividing by zero (see `_cut`), without
+  the reference's `+ 1e-8` beside tau, which shrinks suppressed weights by 1e-8 / (tau + 1e-8):
+  percents, since OAR-P's tau is often below 1e-6.
 """
 from __future__ import annotations
 
@@ -95,6 +98,20 @@ def _cut(normalized: np.ndarray, tau: float, beta: float, floor: float) -> np.nd
     return weights
 
 
+def _normalized(scores: np.ndarray, normalize: str = "log1p_minmax") -> np.ndarray | None:
+    """n = normalize(clean(s)) in [0, 1]; None when the span has no ranking (all-ones weights)."""
+    cleaned = _clean(scores)
+    return None if cleaned is None else SCORE_NORMALIZERS.get(normalize)(cleaned)
+
+
+def _weights(normalized: np.ndarray, tau: float, beta: float, floor: float, preserve_mass: bool) -> np.ndarray:
+    weights = _cut(normalized, tau, beta, floor)
+    if preserve_mass:
+        # sum >= 1: the maximum (n = 1 >= tau) always gets a boost >= 1.
+        weights = weights * (weights.size / weights.sum())
+    return weights.astype(np.float32)
+
+
 def bilevel_weights(
     scores: np.ndarray,
     quantile: float = 0.25,
@@ -103,10 +120,10 @@ def bilevel_weights(
     preserve_mass: bool = True,
     normalize: str = "log1p_minmax",
 ) -> np.ndarray:
-    """Bi-Level weights for one span of scores (section 5 of docs/oar-method.md).
+    """Bi-Level weights for one span of scores (section 5 of docs/method.md).
 
-    n = normalize(clean(s)): log1p then min-max by default (or `rank`, SCORE_NORMALIZERS); tau = np.quantile(n, quantile) with numpy's default
-    "linear" interpolation (type 7, position (R - 1) * q between the sorted values; the paper
+    n = normalize(clean(s)), log1p then min-max by default (or `rank`, SCORE_NORMALIZERS);
+    tau = np.quantile(n, quantile) with numpy's default "linear" interpolation (type 7, position (R - 1) * q between the sorted values; the paper
     does not say, the reference code calls np.quantile with the same default);
     w = max(n / tau, floor) if n < tau else 1 + beta * (n - tau) / (1 - tau); then, with
     preserve_mass, w * R / sum(w). All-equal cleaned scores (including a span of one token)
@@ -114,24 +131,52 @@ def bilevel_weights(
     Returns float32 of the same length as `scores` (empty in, empty out).
     """
     _check_arguments(quantile, beta, floor)
-    to_unit_interval = SCORE_NORMALIZERS.get(normalize)
+    SCORE_NORMALIZERS.get(normalize)  # an unknown name fails before any work
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 1:
         raise ValueError(f"scores must be 1-D (one per reasoning token); got shape {scores.shape}")
     if scores.size == 0:
         return np.zeros(0, dtype=np.float32)
-    cleaned = _clean(scores)
-    if cleaned is None:
-        return np.ones(scores.size, dtype=np.float32)
-    normalized = to_unit_interval(cleaned)
+    normalized = _normalized(scores, normalize)
     if normalized is None:
         return np.ones(scores.size, dtype=np.float32)
-    tau = float(np.quantile(normalized, quantile))
-    weights = _cut(normalized, tau, beta, floor)
-    if preserve_mass:
-        # sum >= 1: the maximum (n = 1 >= tau) always gets a boost >= 1.
-        weights = weights * (weights.size / weights.sum())
-    return weights.astype(np.float32)
+    return _weights(normalized, float(np.quantile(normalized, quantile)), beta, floor, preserve_mass)
+
+
+def carried_bilevel_weights(spans: list, quantile: float = 0.25, beta: float = 1.0, floor: float = 0.1,
+                            preserve_mass: bool = True, normalize: str = "log1p_minmax") -> list[np.ndarray]:
+    """Bi-Level weights of a batch's spans the way the released code's batch loop computes them
+    (`reshape.quantile_carry`; sections 5 and 7 of docs/method.md).
+
+    The released loop writes each span's threshold tau into the variable that held the quantile
+    level, so span 1 uses `quantile` and every later span uses the previous span's tau as its level
+    (0.25 -> ~1e-6 -> ~1e-12 on OAR-P scores: after the first span about one token per span is
+    suppressed). A span without a ranking (all equal) gets all ones and carries tau = 0, as the
+    released min-max gives it; an empty span, or one whose scores are all NaN (a row not scored,
+    `attribute.skip_uniform_groups`), gets all ones and leaves the level as it was.
+    """
+    _check_arguments(quantile, beta, floor)
+    level, batch = quantile, []
+    for scores in spans:
+        scores = np.asarray(scores, dtype=np.float64)
+        if scores.size == 0 or np.isnan(scores).all():
+            batch.append(np.ones(scores.size, dtype=np.float32))
+            continue
+        normalized = _normalized(scores, normalize)
+        if normalized is None:
+            batch.append(np.ones(scores.size, dtype=np.float32))
+            level = 0.0
+            continue
+        tau = float(np.quantile(normalized, level))
+        batch.append(_weights(normalized, tau, beta, floor, preserve_mass))
+        level = tau
+    return batch
+
+
+def _on_response(length: int, reasoning: tuple[int, int], reasoning_weights: np.ndarray) -> np.ndarray:
+    weights = np.ones(length, dtype=np.float32)
+    weights[reasoning[0]:reasoning[1]] = reasoning_weights
+    return weights
 
 
 def response_weights(scores, reasoning: tuple[int, int], config) -> np.ndarray:
@@ -139,11 +184,20 @@ def response_weights(scores, reasoning: tuple[int, int], config) -> np.ndarray:
     other token (conclude, answer, closing brace, eos keep the plain advantage). `config` holds
     quantile, beta, floor, preserve_mass and normalize (a ReshapeConfig)."""
     start, end = reasoning
-    weights = np.ones(len(scores), dtype=np.float32)
-    weights[start:end] = bilevel_weights(np.asarray(scores[start:end], dtype=np.float32), quantile=config.quantile,
-                                         beta=config.beta, floor=config.floor, preserve_mass=config.preserve_mass,
-                                         normalize=config.normalize)
-    return weights
+    return _on_response(len(scores), reasoning, bilevel_weights(
+        np.asarray(scores[start:end], dtype=np.float32), quantile=config.quantile, beta=config.beta,
+        floor=config.floor, preserve_mass=config.preserve_mass, normalize=config.normalize))
+
+
+def batch_response_weights(rows: list, config) -> list[np.ndarray]:
+    """`response_weights` of every (scores, reasoning span) row of a batch, in order; with
+    config.quantile_carry, the released code's carried quantile level (`carried_bilevel_weights`)."""
+    if not config.quantile_carry:
+        return [response_weights(scores, reasoning, config) for scores, reasoning in rows]
+    spans = [np.asarray(scores[start:end], dtype=np.float32) for scores, (start, end) in rows]
+    carried = carried_bilevel_weights(spans, quantile=config.quantile, beta=config.beta, floor=config.floor,
+                                      preserve_mass=config.preserve_mass, normalize=config.normalize)
+    return [_on_response(len(scores), reasoning, weights) for (scores, reasoning), weights in zip(rows, carried)]
 
 
 def top_mass_share(weights: np.ndarray, share: float = 0.1) -> float:

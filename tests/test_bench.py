@@ -39,3 +39,15 @@ def test_verify_benchmark_quick_run_gives_math_verify_verdicts():
                      result.stdout, re.MULTILINE)
     assert re.search(r"^\(ours, warm pool, as across training steps\)\s+320\s", result.stdout, re.MULTILINE)
     assert "verdicts differ from the cold pool's" not in result.stdout
+
+
+@pytest.mark.slow  # ~10 s of one core, 25 s on the busy development machine
+def test_method_deviations_benchmark_small_run_measures_every_deviation():
+    """bench/method_deviations.py on 1 prompt x 2: every section runs, and the carried quantile
+    suppresses fewer tokens after the first rollout than the paper's fixed q (docs/method.md, section 7)."""
+    result = subprocess.run([sys.executable, str(BENCH / "method_deviations.py"), "--prompts", "1", "--group", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert [int(n) for n in re.findall(r"^(\d)\. ", result.stdout, re.MULTILINE)] == [1, 2, 3, 4, 5]
+    later = [float(x) for x in re.findall(r"rollouts 2\.\.: mean (\d+\.\d+)", result.stdout)]
+    assert len(later) == 2 and later[1] < later[0]

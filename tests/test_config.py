@@ -204,3 +204,27 @@ def test_every_shipped_config_loads(path):
     config = load_config(path)
     assert config.run.steps >= 1
     assert path.read_text().startswith("#"), "each config starts with the command that runs it"
+
+
+def test_explain_names_each_deviation_beside_an_existing_option():
+    lines, section = {}, None
+    for line in explain().splitlines():
+        if not line.startswith(" "):
+            section = line.rstrip(":")
+        else:
+            lines[f"{section}.{line.split(':', 1)[0].strip()}"] = line
+    for name, deviation in config_module.DEVIATIONS.items():
+        assert name in lines, f"{name}: no such option"
+        assert deviation in lines[name] and "docs/method.md" in lines[name]
+    assert "reproduces the released code, not the paper's text" in lines["reshape.quantile_carry"]
+
+
+def test_quantile_carry_joins_the_reshape_key_only_when_on():
+    """Runs made before the option existed keep their reshape cache keys."""
+    from oarctl.config import KEYED_WHEN_SET
+    from oarctl.pipeline import key_section
+
+    default = key_section(load_config(), "reshape")
+    assert "quantile_carry" not in default
+    assert default == {k: v for k, v in to_dict(Config())["reshape"].items() if k not in KEYED_WHEN_SET["reshape"]}
+    assert key_section(load_config(overrides=["reshape.quantile_carry=true"]), "reshape")["quantile_carry"] is True

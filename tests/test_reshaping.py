@@ -5,7 +5,9 @@ import warnings
 import numpy as np
 import pytest
 
-from oarctl.reshaping import bilevel_weights
+from oarctl.config import ReshapeConfig
+from oarctl.reshaping import (batch_response_weights, bilevel_weights, carried_bilevel_weights,
+                               response_weights)
 
 E = math.e
 # Scores s = e^k - 1 have log1p(s) = k exactly enough to reason about by hand.
@@ -126,7 +128,7 @@ def test_invalid_arguments(arguments, word):
         bilevel_weights([0.0, 1.0, 2.0], **arguments)
 
 
-# --- slow reference: plain Python, written from section 5 of docs/oar-method.md -------------------
+# --- slow reference: plain Python, written from docs/method.md ("Bi-Level reshaping") -------------------
 
 
 def _reference_quantile(values, level):
@@ -155,7 +157,10 @@ def _reference_weights(scores, quantile, beta, floor, preserve_mass):
     if high == low:
         return [1.0] * len(scores)
     normalized = [(value - low) / (high - low) for value in logged]
-    tau = _reference_quantile(normalized, quantile)
+    return _reference_cut(normalized, _reference_quantile(normalized, quantile), beta, floor, preserve_mass)
+
+
+def _reference_cut(normalized, tau, beta, floor, preserve_mass):
     weights = []
     for n in normalized:
         if n < tau:
@@ -214,3 +219,93 @@ def test_invariants_on_random_inputs():
         order = np.argsort(cleaned, kind="stable")
         for weights in (kept, raw):
             assert np.all(np.diff(weights[order]) >= -1e-6)
+
+
+# --- reshape.quantile_carry: the released code's batch loop ----------------------------------------
+
+
+def _released_loop_reference(batch, quantile, beta, floor, preserve_mass):
+    """The released code's loop over a batch, plain Python, from docs/method.md: the variable holding
+    the quantile level is overwritten by each span's tau. With oarctl's cleaning and without the
+    released epsilons; an all-equal span normalises to zeros (the released min-max divides by 1
+    then); a span not scored (all NaN) or empty is skipped."""
+    level, result = quantile, []
+    for scores in batch:
+        if not scores or all(math.isnan(s) for s in scores):
+            result.append([1.0] * len(scores))
+            continue
+        logged = [math.log1p(0.0 if math.isnan(s) else max(s, 0.0)) for s in scores]
+        low, high = min(logged), max(logged)
+        spread = high - low if high > low else 1.0
+        normalized = [(value - low) / spread for value in logged]
+        tau = _reference_quantile(normalized, level)
+        result.append(_reference_cut(normalized, tau, beta, floor, preserve_mass))
+        level = tau
+    return result
+
+
+def _random_span(rng):
+    length = int(rng.integers(0, 30))
+    kind = rng.random()
+    if kind < 0.08:
+        return [float("nan")] * length  # a row not scored (skip_uniform_groups)
+    if kind < 0.16:
+        return [0.5] * length  # no ranking: all ones, and the level becomes 0
+    # heavy-tailed like OAR-P KLs: most scores tiny, a few large, so the carried level collapses
+    scores = np.exp(rng.normal(-14.0, 4.0, size=length))
+    for index in rng.integers(0, max(length, 1), size=int(rng.integers(0, 3)) if length else 0):
+        scores[index] = [float("nan"), -1.0, 0.0][int(rng.integers(0, 3))]
+    return scores.tolist()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_carried_weights_match_the_released_loop(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(10):
+        batch = [_random_span(rng) for _ in range(int(rng.integers(1, 24)))]
+        knobs = (float(rng.uniform(0.05, 0.95)), float(rng.uniform(0.0, 3.0)), float(rng.uniform(0.0, 1.0)),
+                 bool(rng.random() < 0.7))
+        fast = carried_bilevel_weights(batch, *knobs)
+        slow = _released_loop_reference(batch, *knobs)
+        assert len(fast) == len(slow)
+        for index, (got, expected) in enumerate(zip(fast, slow)):
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=f"span {index} of {batch}")
+
+
+def _span(*logs):
+    return [math.expm1(value) for value in logs]  # log1p gives the values back
+
+
+def test_carried_level_by_hand():
+    # span 1: n = [0, .25, 1], q = .25 at position .5 -> tau = .125 (what the paper's text uses too)
+    # span 2: n = [0, .25, .5, .75, 1] at level .125, position .5 -> tau = .125, not the paper's .25
+    # span 3: not scored (all NaN): all ones, the level stays .125
+    # span 4: all equal: all ones, tau = 0 carried; span 5 at level 0: tau = 0, nothing suppressed
+    batch = [_span(0, 1, 4), _span(0, 1, 2, 3, 4), [math.nan] * 3, [2.0, 2.0], _span(0, 1, 2, 3, 4)]
+    weights = carried_bilevel_weights(batch, quantile=0.25, beta=1.0, floor=0.1, preserve_mass=False)
+    np.testing.assert_allclose(weights[0], bilevel_weights(batch[0], preserve_mass=False))
+    np.testing.assert_allclose(weights[1], [0.1, 1 + 0.125 / 0.875, 1 + 0.375 / 0.875, 1 + 0.625 / 0.875, 2.0],
+                               rtol=1e-6)
+    assert bilevel_weights(batch[1], preserve_mass=False)[1] == pytest.approx(1.0)  # q = .25: tau = .25
+    np.testing.assert_array_equal(weights[2], [1.0, 1.0, 1.0])
+    np.testing.assert_array_equal(weights[3], [1.0, 1.0])
+    np.testing.assert_allclose(weights[4], [1.0, 1.25, 1.5, 1.75, 2.0], rtol=1e-6)
+
+
+def test_batch_weights_carry_only_when_asked():
+    rng = np.random.default_rng(5)
+    rows = []
+    for _ in range(6):
+        scores = np.exp(rng.normal(-14.0, 4.0, size=20)).astype(np.float32)
+        scores[:3] = np.nan  # prompt-side positions outside the reasoning
+        rows.append((scores.tolist(), (3, 17)))
+    plain = batch_response_weights(rows, ReshapeConfig())
+    for (scores, reasoning), weights in zip(rows, plain):
+        np.testing.assert_array_equal(weights, response_weights(scores, reasoning, ReshapeConfig()))
+    carried = batch_response_weights(rows, ReshapeConfig(quantile_carry=True))
+    spans = [np.asarray(scores[3:17], dtype=np.float32) for scores, _ in rows]
+    for weights, expected in zip(carried, carried_bilevel_weights(spans)):
+        np.testing.assert_array_equal(weights[3:17], expected)
+        assert np.all(weights[:3] == 1.0) and np.all(weights[17:] == 1.0)
+    np.testing.assert_array_equal(carried[0], plain[0])  # the first row uses q itself
+    assert any(not np.array_equal(a, b) for a, b in zip(carried[1:], plain[1:]))

@@ -2,7 +2,7 @@
 
 Reads a causal LM (the rollout policy) and attributed sequences (prompt + reasoning + conclude +
 answer, or + probe; see `segments.py`) with absolute half-open spans; writes float32 scores, one
-per reasoning token (sections 3 and 4 of docs/oar-method.md). The registry entries at the bottom
+per reasoning token (sections 3 and 4 of docs/method.md). The registry entries at the bottom
 wrap them for the attribute stage: one score per *response* token, NaN outside the reasoning
 (conclude, answer, closing brace, eos), so reshaping must weight only the non-NaN tokens and give
 the NaN ones weight 1 (the plain advantage).

@@ -1,7 +1,7 @@
 """The outcome of a rollout, P_final or phi, from the logits at its outcome positions.
 
 Reads logits of a causal LM at the positions `outcome_positions` names; writes the outcome
-(section 2 of docs/oar-method.md), computed in float64 whatever the model dtype. The scores that
+(section 2 of docs/method.md), computed in float64 whatever the model dtype. The scores that
 decide Bi-Level's quantile are KLs of nearly equal distributions over ~152k tokens: in float32 the
 sum's rounding (~1e-7 x entropy) is a few percent of a score of 1e-5. There are only K positions x V
 values, so float64 costs nothing that shows:
@@ -22,6 +22,9 @@ from __future__ import annotations
 import torch
 
 MODES = ("last", "answer_mean", "answer_joint")
+# The outcome math's dtype; bench/method_deviations.py sets float32 (the released code's) to measure
+# what this deviation changes.
+OUTCOME_DTYPE = torch.float64
 DISTRIBUTION_MODES = ("last", "answer_mean")
 
 
@@ -47,7 +50,7 @@ def outcome_from_logits(logits: torch.Tensor, mode: str, answer_ids: torch.Tenso
 
     `mode` must already be effective; `answer_ids` (A,) are the targets of answer_joint.
     """
-    logits = logits.double()
+    logits = logits.to(OUTCOME_DTYPE)
     if mode == "last":
         return torch.log_softmax(logits[:, 0], dim=-1)  # (B, V)
     if mode == "answer_mean":

@@ -1,7 +1,7 @@
 """Split a sampled response into reasoning, conclude and answer, from its token ids.
 
 Reads the response's sampled token ids and the tokenizer; writes half-open spans relative to the
-response (section 2 of docs/oar-method.md):
+response (section 2 of docs/method.md):
 
     reasoning [0, c)      everything before the final-answer marker
     conclude  [c, a)      the tokens of the `\\boxed{` marker

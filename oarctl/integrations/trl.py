@@ -8,14 +8,16 @@ completion mask, which TRL's loss accepts as it is. Per completion:
    rollout's extracted answer, or the probe text when it has none);
 2. score its reasoning tokens with `attribute.method` of oarctl's registry, on the current policy
    unwrapped from accelerate / DeepSpeed, in eval mode, without touching parameter gradients;
-3. Bi-Level weights (`reshaping.response_weights`), 1 outside the reasoning; token advantage = TRL's
+3. Bi-Level weights (`reshaping.batch_response_weights`), 1 outside the reasoning; token advantage = TRL's
    sequence advantage x weight.
 With `uniform` every weight is 1 and the loss is stock TRL's. Everything else (loss types, clipping, KL,
 num_iterations, gradient accumulation, vLLM) stays TRL's: they consume the (B, T) tensor unchanged.
 
 Where this deviates from `oarctl run`: the sequence advantage is TRL's (`scale_rewards`, eps 1e-4,
 `multi_objective_aggregation`), not oarctl's reshape.estimator; the policy that attributes is the
-one that generated (TRL's current weights), as in oarctl.
+one that generated (TRL's current weights), as in oarctl. With `reshape.quantile_carry` the quantile
+level carries over each process's completions of a batch, in order (the released code's carry ran over
+the rows of one `compute_loss` call).
 
 Processes: each process attributes its own completions. A completion's OAR-G noise is seeded by
 (args.seed, global step, its row in the global batch), and OAR-G batches never mix prompts, so token
@@ -43,7 +45,7 @@ from oarctl.attribution.rows import rows_to_score
 from oarctl.config import AttributeConfig, Config, ReshapeConfig, set_option, validate
 from oarctl.errors import OarError
 from oarctl.integrations.trl_log import StepLog, check_trl_version
-from oarctl.reshaping import concentration_metrics, response_weights
+from oarctl.reshaping import batch_response_weights, concentration_metrics
 from oarctl.runner import StageContext
 
 check_trl_version()
@@ -202,10 +204,9 @@ class OARGRPOTrainer(GRPOTrainer):
         scores = self._scores(batch)
         advantages = batch["advantages"]
         token = advantages.unsqueeze(1).expand(-1, width).clone()  # padding keeps A_i; the mask drops it
-        batch["scores"], batch["weights"] = scores, []
-        for index, (rollout, row_scores) in enumerate(zip(batch["rollouts"], scores)):
-            weights = response_weights(row_scores, rollout.segments.reasoning, self.oar.reshape)
-            batch["weights"].append(weights)
+        rows = [(row_scores, rollout.segments.reasoning) for rollout, row_scores in zip(batch["rollouts"], scores)]
+        batch["scores"], batch["weights"] = scores, batch_response_weights(rows, self.oar.reshape)
+        for index, weights in enumerate(batch["weights"]):
             token[index, :len(weights)] = advantages[index] * torch.as_tensor(weights, device=token.device)
         return token
 

@@ -4,7 +4,9 @@ The sequence advantage comes from the estimator registry (GRPO by default, group
 Token weights are Bi-Level weights of the reasoning tokens' raw scores; every other response token
 (conclude, answer, closing brace, eos) keeps weight 1. With mass preservation on, the reasoning
 weights sum to the reasoning length, so every sequence's token advantages sum to its GRPO total
-(advantage x length), which this stage checks.
+(advantage x length), which this stage checks. With `reshape.quantile_carry` the rows are weighted
+in table order (prompt-major, each group's responses consecutive, as sampled) with the released
+code's carried quantile level (`reshaping.carried_bilevel_weights`).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 from oarctl.advantages import ADVANTAGE_ESTIMATORS, token_advantages
 from oarctl.artifacts import extend_table
 from oarctl.errors import InputError
-from oarctl.reshaping import concentration_metrics, response_weights
+from oarctl.reshaping import batch_response_weights, concentration_metrics
 from oarctl.runner import StageContext, StageOutput
 
 VERSION = "3"  # 3: credit-concentration metrics (top10_mass_share, effective_tokens)
@@ -50,9 +52,9 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     groups = group_ids(prompt_ids)
     advantages = ADVANTAGE_ESTIMATORS.get(config.estimator)(rewards, groups, scale=config.scale, eps=config.eps)
     weights, per_token, reasoning = [], [], []
-    spans = zip(table["reasoning_start"].to_pylist(), table["reasoning_end"].to_pylist())
-    for row, (scores, (start, end)) in enumerate(zip(table["token_scores"].to_pylist(), spans)):
-        w = response_weights(scores, (start, end), config)
+    spans = list(zip(table["reasoning_start"].to_pylist(), table["reasoning_end"].to_pylist()))
+    rows = list(zip(table["token_scores"].to_pylist(), spans))
+    for row, (w, (start, end)) in enumerate(zip(batch_response_weights(rows, config), spans)):
         weighted = token_advantages(float(advantages[row]), w)
         if config.preserve_mass:
             _check_mass(float(advantages[row]), weighted, row)
