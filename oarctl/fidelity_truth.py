@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from oarctl.fidelity import recall_at_k
-from oarctl.reshaping import bilevel_weights
+from oarctl.reshaping import carried_bilevel_weights
 from oarctl.toy.truth import QUERY_STEP, token_classes
 
 TRUTH_COLUMNS = ("truth_tokens", "truth_hits", "truth_recall", "truth_auc")
@@ -51,16 +51,22 @@ def reasoning_classes(table, rollouts, tokenizer) -> list[np.ndarray] | None:
                        dtype=np.int8) for problem, ids, r in pairs]
 
 
-def reshaped(scores: np.ndarray, reshape) -> np.ndarray:
-    """The Bi-Level weights of one reasoning span's scores under a ReshapeConfig."""
-    return bilevel_weights(np.asarray(scores, dtype=np.float64), reshape.quantile, reshape.beta, reshape.floor,
-                           reshape.preserve_mass, reshape.normalize)
+def reshaped(scores: list[np.ndarray], reshape) -> list[np.ndarray]:
+    """The Bi-Level weights of each rollout's reasoning scores under a ReshapeConfig; with quantile_carry,
+    in the rollouts' order, as the released code's batch loop (and the reshape stage) computes them."""
+    from oarctl.reshaping import bilevel_weights
+
+    spans = [np.asarray(s, dtype=np.float64) for s in scores]
+    if reshape.quantile_carry:
+        return carried_bilevel_weights(spans, reshape.quantile, reshape.beta, reshape.floor, reshape.preserve_mass,
+                                       reshape.normalize)
+    return [bilevel_weights(s, reshape.quantile, reshape.beta, reshape.floor, reshape.preserve_mass,
+                            reshape.normalize) for s in spans]
 
 
-def class_values(scores: np.ndarray, classes: np.ndarray, reshape) -> tuple:
+def class_values(scores: np.ndarray, classes: np.ndarray, weights: np.ndarray) -> tuple:
     """One rollout's CLASS_COLUMNS: token counts, AUC of each label-1 class against the free tokens, and
     the mean Bi-Level weight of each class (NaN where the rollout has no such token)."""
-    weights = reshaped(scores, reshape)
     counts = [int((classes == c).sum()) for c in CLASSES.values()]
     free = classes == CLASSES["free"]
     aucs = [auc(scores[(classes == c) | free], (classes[(classes == c) | free] == c).astype(np.int8))
@@ -72,9 +78,10 @@ def class_values(scores: np.ndarray, classes: np.ndarray, reshape) -> tuple:
 def class_columns(classes: list[np.ndarray], scores: dict, ks: Sequence[float], reshape) -> dict:
     """CLASS_COLUMNS in fidelity_columns' row order (rollout, method, K); repeated over K like truth_auc."""
     columns = {name: [] for name in CLASS_COLUMNS}
+    weights = {method: reshaped(per_rollout, reshape) for method, per_rollout in scores.items()}
     for index, row_classes in enumerate(classes):
-        for per_rollout in scores.values():
-            values = class_values(per_rollout[index], row_classes, reshape)
+        for method, per_rollout in scores.items():
+            values = class_values(per_rollout[index], row_classes, weights[method][index])
             for _ in ks:
                 for name, value in zip(CLASS_COLUMNS, values):
                     columns[name].append(value)
@@ -84,7 +91,7 @@ def class_columns(classes: list[np.ndarray], scores: dict, ks: Sequence[float], 
 def class_summary(scores: list[np.ndarray], classes: list[np.ndarray], reshape) -> dict:
     """Over rollouts: mean AUC (all label 1, query step, earlier chain, each against free) and the mean
     weight of every token of each class, pooled, with the earlier/free ratio."""
-    rows = [class_values(s, c, reshape) for s, c in zip(scores, classes)]
+    rows = [class_values(s, c, w) for s, c, w in zip(scores, classes, reshaped(scores, reshape))]
     labels = [np.where(c > 0, 1, c) for c in classes]
     summary = {"auc": _nanmean([auc(s, l) for s, l in zip(scores, labels)]),
                "auc_query": _nanmean([r[3] for r in rows]), "auc_earlier": _nanmean([r[4] for r in rows])}
@@ -125,10 +132,12 @@ def reshape_variants(reshape) -> dict:
 
     from oarctl.reshaping import SCORE_NORMALIZERS
 
-    variants = {f"configured ({reshape.normalize})": reshape}
+    variants = {f"configured ({reshape.normalize}{', quantile_carry' if reshape.quantile_carry else ''})": reshape}
     for name in SCORE_NORMALIZERS.names():
         if name != reshape.normalize:
             variants[f"normalize={name}"] = dataclasses.replace(reshape, normalize=name)
+    if not reshape.quantile_carry:  # the released code's batch loop: what it does to the contrast
+        variants["quantile_carry (released code)"] = dataclasses.replace(reshape, quantile_carry=True)
     return variants
 
 

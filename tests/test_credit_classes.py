@@ -102,7 +102,7 @@ def test_rank_keeps_the_contrast_that_log1p_minmax_flattens():
 def test_class_values_by_hand():
     classes = np.array([2, 1, 1, 0, 0, 0, 0, -1], dtype=np.int8)
     scores = np.array([1.0, 1, 1, 0, 0, 0, 0, 1])  # truth's scores
-    counts_and_aucs = class_values(scores, classes, ReshapeConfig())[:5]
+    counts_and_aucs = class_values(scores, classes, bilevel_weights(scores))[:5]
     assert counts_and_aucs == (1, 2, 4, 1.0, 1.0)
     weights = bilevel_weights(scores)  # tau = 0: label 0 keeps 1, label 1 gets 1 + beta, then mass preserved
     summary = class_summary([scores], [classes], ReshapeConfig())
@@ -135,6 +135,24 @@ def test_cli_fidelity_reports_credit_by_class(cli, tiny_config, tiny_policy, tmp
     assert [float(v) for v in truth_row[:3]] == [1.0, 1.0, 1.0] and float(truth_row[-1]) > 1.5
     assert float(rows["uniform/normalize=rank"][-1]) == 1.0
     assert float(rows["truth_last/configured (log1p_minmax)"][2]) == 0.5
+    assert "uniform/quantile_carry (released code)" in rows  # the released code's reshaping, one more row
+
+
+def test_quantile_carry_weights_follow_the_batch_order():
+    """Under quantile_carry the second rollout's cut-off is the first one's threshold: its weights differ
+    from those of the same rollout reshaped alone, and class_summary sees them."""
+    import dataclasses
+
+    from oarctl.fidelity_truth import reshaped
+
+    rng = np.random.default_rng(0)
+    scores = [rng.exponential(size=12) ** 4 for _ in range(3)]
+    carry = dataclasses.replace(ReshapeConfig(), quantile_carry=True)
+    alone, carried = reshaped(scores, ReshapeConfig()), reshaped(scores, carry)
+    np.testing.assert_array_equal(alone[0], carried[0])
+    assert not np.allclose(alone[1], carried[1])
+    classes = [np.array([2, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0], dtype=np.int8)] * 3
+    assert class_summary(scores, classes, carry)["weight_free"] != class_summary(scores, classes, ReshapeConfig())["weight_free"]
 
 
 def test_later_options_join_cache_keys_only_when_set():
