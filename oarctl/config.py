@@ -532,6 +532,8 @@ DEVIATIONS = {
     "reshape.quantile": "q serves every response; the released loop overwrites it with tau (see quantile_carry); "
                         "no + 1e-8 beside tau",
     "reshape.quantile_carry": "off by default: the paper's text",
+    "reshape.normalize": "rank is in neither the paper nor the released code (both: log1p + min-max, the default)",
+    "attribute.flow_rule": "oar_flow and oar_flow_span are in neither the paper nor the released code (section 8)",
 }
 METHOD_PAGE = "docs/method.md"
 

@@ -3,7 +3,7 @@
 Why: teacher-forced OAR-P sees a token's *direct* effect on the answer only. When the box copies
 the last step (`e=44-2=42. \\boxed{42}`), perturbing an earlier step changes the answer only
 through the later tokens that copy it, and teacher forcing holds those fixed; so OAR-P scores the
-earlier chain like filler (docs/method.md, "oar_flow").
+earlier chain like filler (docs/method.md, section 8).
 
 What: a perturbation (one reasoning token, or a window of them, replaced by the pad token, exactly
 as OAR-P) is already a forward pass over everything after it. The same pass gives
