@@ -53,10 +53,12 @@ from bench import gpu_check  # noqa: E402  (its part long's knobs; imports no to
 
 GB = 1e9
 CONCLUDE_TOKENS, ANSWER_TOKENS, CLOSING_TOKENS = 4, 4, 2  # `\boxed{`, the answer, `}` + eos
-METHODS = ("uniform", "random", "entropy", "oar_p", "oar_p_span", "oar_p_screened", "oar_g")  # the registry, but:
-# truth reads labels only the chains toy world has; mc_value (sampled continuations) is not modelled here
-NOT_MODELLED = ("truth", "mc_value")
-OAR_P_FAMILY = ("oar_p", "oar_p_span", "oar_p_screened")
+METHODS = ("uniform", "random", "entropy", "oar_p", "oar_p_span", "oar_p_screened", "oar_g", "oar_flow",
+           "oar_flow_span")  # the registry, but:
+# the truth methods read labels only the chains toy world has; mc_value (sampled continuations) is not modelled
+NOT_MODELLED = ("truth", "truth_shuffled", "truth_last", "mc_value")
+OAR_P_FAMILY = ("oar_p", "oar_p_span", "oar_p_screened", "oar_flow", "oar_flow_span")
+FLOW_LOGIT_TOKENS = 1024  # oarctl.attribution.flow.LOGIT_TOKENS: rows x positions projected at once
 
 
 # ---- model shapes --------------------------------------------------------------------------------
@@ -504,9 +506,9 @@ def perturbation_starts(method: str, prompt: int, reasoning: int, span_tokens: i
                         screen_fraction: float, audit_fraction: float) -> np.ndarray:
     """Sorted starts of one response's perturbations: every reasoning token (oar_p), the windows
     (oar_p_span), or screen + audit positions spread evenly over the reasoning (oar_p_screened)."""
-    if method == "oar_p":
+    if method in ("oar_p", "oar_flow"):
         return np.arange(prompt, prompt + reasoning)
-    if method == "oar_p_span":
+    if method in ("oar_p_span", "oar_flow_span"):
         return windows(prompt, prompt + reasoning, span_tokens, max_perturbations)
     count = screened_count(reasoning, screen_fraction, audit_fraction, max_perturbations)
     return np.unique(prompt + np.floor((np.arange(count) + 0.5) * reasoning / count).astype(np.int64))
@@ -521,25 +523,34 @@ def perturbations(s: Shape, hw: Hardware, dtype: str, chunk_size: int, max_batch
     f recomputes k (end - f) tokens, attending to the cached prefix, projecting K outcome positions per
     row, no grad. Held: the clean cache, one layer's keys/values concatenated for k rows, one layer's
     working set for k (end - f) tokens, the k x K logits (float64 outcome math). Cached: the same
-    response under the same knobs costs the same."""
+    response under the same knobs costs the same.
+
+    oar_flow / oar_flow_span (flow.flow_scores) also project every row at the reasoning positions after
+    its chunk's first start (the log-probability drops of later tokens), and the clean pass at all
+    reasoning positions: + 2 H V per such position, FLOW_LOGIT_TOKENS x V logits (b + 8 bytes) held."""
     b = dtype_bytes(dtype)
     end = int(attributed_end(prompt, response))
+    reasoning_end = prompt + int(reasoning_tokens(response))
+    flow = method in ("oar_flow", "oar_flow_span")
     starts = perturbation_starts(method, prompt, int(reasoning_tokens(response)), span_tokens, max_perturbations,
                                  screen_fraction, audit_fraction)
     K = outcome_positions(mode)
     cost = Cost()
-    cost.add(forward_flops(s, end, causal_keys(0, end), K), forward_hbm_bytes(s, b, end, causal_keys(0, end)), hw, dtype)
+    clean_projected = K + (reasoning_end - prompt if flow else 0)
+    cost.add(forward_flops(s, end, causal_keys(0, end), clean_projected), forward_hbm_bytes(s, b, end, causal_keys(0, end)),
+             hw, dtype)
     chunks = np.array(perturbation_chunks(starts, end, chunk_size, max_batch_tokens), dtype=np.float64).reshape(-1, 2)
     first, k = chunks[:, 0], chunks[:, 1]
     tokens = k * (end - first)
     keys = k * causal_keys(first, end)
-    cost.add(forward_flops(s, tokens, keys, k * K), forward_hbm_bytes(s, b, tokens, keys), hw, dtype)
+    projected = k * K + (k * np.maximum(reasoning_end - 1 - first, 0) if flow else 0)
+    cost.add(forward_flops(s, tokens, keys, projected), forward_hbm_bytes(s, b, tokens, keys), hw, dtype)
     if len(tokens):
         worst = int(np.argmax(tokens))
         rows, suffix = k[worst], end - first[worst]
         cost.hold(activations=rows * suffix * working_set_bytes_per_token(s, b) * fragmentation,
                   prefix_kv=end * kv_bytes_per_token(s, b) + rows * end * kv_bytes_per_token(s, b) / s.layers,
-                  logits=rows * K * s.vocab * (b + 8))
+                  logits=(rows * K + (FLOW_LOGIT_TOKENS if flow else 0)) * s.vocab * (b + 8))
     cost.token_forwards = float(tokens.sum())
     return cost
 
