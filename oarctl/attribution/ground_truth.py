@@ -16,7 +16,6 @@ import numpy as np
 
 from oarctl.attribution import ATTRIBUTION_METHODS, on_reasoning
 from oarctl.errors import InputError
-from oarctl.toy.truth import QUERY_STEP, token_classes
 
 UNKNOWN_SCORE = 1.0
 
@@ -57,6 +56,9 @@ def truth_shuffled(rollouts, table, config, context) -> list[np.ndarray]:
 def truth_last(rollouts, table, config, context) -> list[np.ndarray]:
     """A control: label 1 only on the query's own step (the step the box copies), the earlier chain 0:
     the most a method that sees only direct effects on the answer can know. Unknown text scores as in truth."""
+    # imported here: oarctl.toy.truth reads the segments module of this package (an import cycle at load)
+    from oarctl.toy.truth import QUERY_STEP, token_classes
+
     reasoning_truth(rollouts, table, "truth_last")  # the same error without chains rollouts
     tokenizer = context.policy.load_tokenizer()
     scores = []
