@@ -21,6 +21,8 @@ THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:[, ]\d{3})+(?:\.\d+)?$")  # `1,000`, an
 NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
 SPACE_AROUND_SYMBOL = re.compile(r"\s*([^\w\s\\])\s*")
 DECIMAL_COMMA = re.compile(r"^-?\d+,(?:\d{1,2}|\d{4,})$")  # not exactly 3 digits after the comma
+# Groups of three digits after a comma and a plain space: `32, 349` lists two numbers.
+SPACED_LIST = re.compile(r"^\$?\s*-?\d{1,3}(?:,[ \t]+\d{3})+\s*\$?$")
 UNICODE_MATH = {"≥": "\\geq ", "≤": "\\leq ", "≠": "\\neq ", "−": "-", "×": "\\times ", "÷": "\\div "}
 
 
@@ -55,6 +57,15 @@ def decimal_comma(pred: str, gold: str) -> str:
     if DECIMAL_COMMA.match(pred) and plain_number(gold) is not None:
         return pred.replace(",", ".")
     return pred
+
+
+def spaced_list(raw: str, pred: str) -> str:
+    """Lenient mode's reading of `32, 349` (the answer as written, then normalised): a list, since a
+    thousands separator stands right against the digits (`32,349`, `32{,}349`, `32,\\!349`);
+    normalize alone reads all of them as 32349."""
+    if not SPACED_LIST.match(raw.strip()):
+        return pred
+    return ", ".join(part.strip(" \t$") for part in raw.split(","))
 
 
 def plain_number(answer: str) -> Decimal | None:
