@@ -163,7 +163,8 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = DEF
     unanswered = [second_path.item(response, gold) for response, gold, answer in zip(responses, golds, found)
                   if _unanswered(mode, response, answer)]
     decisions = decide([p for p in pairs if p is not None] + unanswered, **limits)
-    verdicts = [_first_verdict(answer, gold_forms[gold], pair, decisions) for answer, gold, pair in zip(found, golds, pairs)]
+    verdicts = [_first_verdict(answer, gold_forms[gold], pair, decisions)
+                for answer, gold, pair in zip(found, golds, pairs)]
     return _with_second_path(responses, golds, found, verdicts, decisions, limits) if mode == "lenient" else verdicts
 
 
@@ -196,7 +197,8 @@ def _second_verdict(first: Verdict, response: str, decision: Decision) -> Verdic
     the second path is a second chance, never a second way to be wrong)."""
     latency_ms = first.latency_ms + decision.latency_ms
     start, end = second_path.span_of(response, decision.answer or "")
-    if decision.verdict != "correct" or second_path.same_reading(first.extracted, (first.start, first.end), (start, end)):
+    overlaps = second_path.same_reading(first.extracted, (first.start, first.end), (start, end))
+    if decision.verdict != "correct" or overlaps:
         return replace(first, second_path=True, latency_ms=latency_ms)
     return Verdict(decision.answer, start, end, normalize(decision.answer), first.normalized_gold, "correct", True,
                    False, latency_ms, graded_by=second_path.GRADED_BY, second_path=True)

@@ -37,7 +37,7 @@ COMMAND = re.compile(r"\\[A-Za-z]+(?:\{[^{}]*\})?")
 # A bare word of three letters or more, or a letter of a script other than Latin and Greek (a
 # Chinese sentence): prose, or a currency `$` paired with the next `$` (`$5 and $`).
 PROSE_WORD = re.compile(r"(?<![A-Za-z])[A-Za-z]{3,}|[^\W\d_A-Za-z\u0370-\u03ff]")
-NUMBER = re.compile(r"(?<![A-Za-z0-9_.,])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+,\d+|\d+(?:\.\d+)?|\.\d+)(?:/\d+)?"
+NUMBER = re.compile(r"(?<![A-Za-z0-9_.,])-?(?:\d{1,3}(?:\.\d{3})+,\d+|\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+,\d+|\d+(?:\.\d+)?|\.\d+)(?:/\d+)?"
                     r"(?![A-Za-z0-9_]|[.,]\d)")
 PERCENT_AFTER = re.compile(r"\s*(?:\\?%|percent\b|per\s+cent\b)", re.IGNORECASE)
 # Next to one of these a number is part of an expression or a relation, not the answer.

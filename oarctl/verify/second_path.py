@@ -41,10 +41,19 @@ def item(response: str, gold: str) -> tuple[str, str, str]:
 
 
 def deserves_second_path(response: str, found: Extraction | None, verdict: str) -> bool:
-    if verdict not in SECOND_CHANCE or refuses(response if found is None else found.text):
+    if verdict not in SECOND_CHANCE:
         return False
-    spans = [] if found is None else box_spans(response, BOX_MARKERS)
-    return not (len(spans) == 1 and (found.start, found.end) == spans[0])
+    if found is None:
+        return not refuses(response)
+    if not reads_as_math(found.text) and refuses(found.text):  # a prose answer such as `more than 10`
+        return False
+    return not _lone_box(response, found)
+
+
+def _lone_box(response: str, found: Extraction) -> bool:
+    """Whether the answer is the content of the response's only box."""
+    spans = box_spans(response, BOX_MARKERS)
+    return len(spans) == 1 and (found.start, found.end) == spans[0]
 
 
 def same_reading(first: str | None, first_span: tuple[int, int], second_span: tuple[int, int]) -> bool:
