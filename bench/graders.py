@@ -73,11 +73,12 @@ def math_verify_grader(responses: list[str], golds: list[str]) -> list[bool]:
 
 
 def oarctl_grader(extraction: str):
-    def grade(responses: list[str], golds: list[str]) -> list[bool]:
+    def grade(responses: list[str], golds: list[str]) -> list:
+        """The Verdicts themselves: they also say which path graded each answer."""
         from oarctl.verify import equivalence
 
         equivalence._MEMO.clear()
-        return [v.verdict == "correct" for v in equivalence.verify_batch(responses, golds, extraction=extraction)]
+        return equivalence.verify_batch(responses, golds, extraction=extraction)
     return grade
 
 
@@ -95,13 +96,25 @@ def start_pool() -> float:
     return time.perf_counter() - started
 
 
-def grade_all(responses: list[str], golds: list[str]) -> dict[str, tuple[list[bool], float]]:
-    results = {}
+def grade_all(responses: list[str], golds: list[str]) -> tuple[dict[str, tuple[list[bool], float]], dict]:
+    """({grader: (correct or not per answer, seconds)}, {oarctl grader: its Verdicts})."""
+    results, verdicts_of = {}, {}
     for name, grade in GRADERS.items():
         started = time.perf_counter()
         verdicts = grade(responses, golds)
-        results[name] = (verdicts, time.perf_counter() - started)
-    return results
+        seconds = time.perf_counter() - started
+        if verdicts and not isinstance(verdicts[0], bool):
+            verdicts_of[name], verdicts = verdicts, [v.verdict == "correct" for v in verdicts]
+        results[name] = (verdicts, seconds)
+    return results, verdicts_of
+
+
+def print_second_path(verdicts_of: dict) -> None:
+    for name, verdicts in verdicts_of.items():
+        asked, graded = sum(v.second_path for v in verdicts), sum(v.graded_by != "oarctl" for v in verdicts)
+        if asked:
+            print(f"{name}: the second path (math-verify's own extraction) was asked for {asked}/{len(verdicts)} "
+                  f"answers ({100 * asked / len(verdicts):.1f}%) and graded {graded} of them correct")
 
 
 def print_labelled(name: str, rows: list[dict], results: dict) -> None:
@@ -138,7 +151,7 @@ def print_matrix(problems: int, group: int, seed: int) -> None:
     from verify import DATA, build_set, load_problems
 
     responses, golds, kinds = build_set(load_problems(DATA, problems), group, seed)
-    results = grade_all(responses, golds)
+    results, verdicts_of = grade_all(responses, golds)
     names = list(results)
     print(f"\nMATH-500 rollout set of bench/verify.py: {problems} problems x {group} = {len(responses)} responses, "
           f"kinds {dict(Counter(kinds))}\n")
@@ -155,6 +168,7 @@ def print_matrix(problems: int, group: int, seed: int) -> None:
             by_kind[kind][name] += results[name][0][index]
     print("correct by response kind: " + "; ".join(
         f"{kind}: " + ", ".join(f"{name} {count}" for name, count in counts.items()) for kind, counts in by_kind.items()))
+    print_second_path(verdicts_of)
 
 
 def main() -> None:
@@ -170,8 +184,9 @@ def main() -> None:
     tables = {path: load_table(path) for path in args.table or [TABLE, HELD_OUT]}
     print(f"oarctl worker pool start-up: {start_pool():.2f} s (not in the answers/s below)")
     for path, rows in tables.items():
-        results = grade_all([row["response"] for row in rows], [row["gold"] for row in rows])
+        results, verdicts_of = grade_all([row["response"] for row in rows], [row["gold"] for row in rows])
         print_labelled(f"{path.name}{' (held out)' if path.name == HELD_OUT.name else ''}", rows, results)
+        print_second_path(verdicts_of)
         print("\ndisagreements with the label:")
         for name in results:
             print_disagreements(rows, results, name, args.show)

@@ -18,7 +18,9 @@ a wrong answer repeated within the group (integer gold + 1, else another problem
   `oarctl.verify.verify_batch(responses, golds, extraction=--extraction)` (default `lenient`, as
   `oarctl evaluate` grades) with default workers (all cores at most; one per 64 pairs that need
   the engine), memo cleared first, no worker running before the call: pool start-up (importing and
-  warming up the engine) is timed. The workers are stopped after timing so that their CPU-seconds
+  warming up the engine) is timed. In lenient mode, answers graded no answer or wrong may take the
+  second path (math-verify's own parse of the whole response, oarctl/verify/second_path.py): the
+  share that did, and the share it graded correct, are printed. The workers are stopped after timing so that their CPU-seconds
   are counted.
 - ours, warm pool (printed for information, in parentheses): the same call again, memo cleared,
   with the workers already started and warmed up on other answers (bench/graders.py's labelled
@@ -204,6 +206,9 @@ def main() -> None:
     print(f"baseline exceptions (counted wrong): {base_errors}")
     print(f"ours: {dict(Counter(v.verdict for v in got))} "
           f"(of {', '.join(['correct', 'wrong', 'no_answer', 'timeout', 'error'])})")
+    asked, graded = sum(v.second_path for v in got), sum(v.graded_by != "oarctl" for v in got)
+    print(f"second path (math-verify's own extraction): needed by {asked}/{n} answers ({100 * asked / n:.1f}%), "
+          f"graded correct {graded}/{n} ({100 * graded / n:.1f}%)")
     by_kind = Counter((k, v.verdict) for k, v in zip(kinds, got))
     print("ours by response kind: " + "; ".join(f"{k}/{verdict}={c}" for (k, verdict), c in sorted(by_kind.items())))
 

@@ -69,10 +69,11 @@ def test_refusals_and_math_readings_of_oarctl_stand():
 
 
 def test_second_path_is_never_a_second_way_to_be_wrong():
-    responses = ["\\boxed{5}", "So $\\boxed{1}$ or $\\boxed{4}$.", "I could not finish."]
-    verdicts = verify_batch(responses, ["6", "4", "3"], extraction="lenient", workers=2)
-    assert [v.verdict for v in verdicts] == ["wrong", "wrong", "no_answer"]
-    assert [v.second_path for v in verdicts] == [False, True, True]  # a lone box is read the same by both
+    responses = ["\\boxed{5}", "So $\\boxed{1}$ or $\\boxed{4}$.", "I could not finish.", "We got stuck at step 3."]
+    verdicts = verify_batch(responses, ["6", "4", "3", "4"], extraction="lenient", workers=2)
+    assert [v.verdict for v in verdicts] == ["wrong", "wrong", "no_answer", "wrong"]
+    # a lone box is read the same by both; math-verify finds nothing in prose without a digit or markup
+    assert [v.second_path for v in verdicts] == [False, True, False, True]
 
 
 def test_second_path_runs_in_the_killable_pool_under_the_same_timeout():

@@ -14,6 +14,8 @@ answer, and a wrong answer read from the only box of the response (math-verify r
 first, and the first path already compared it). Its "correct" is not taken either where its reading
 overlaps an answer oarctl read as math (`2` of `$2^{10}.$`): the second path is a second reading of
 the response, never a second comparison of the same answer (math-verify takes `$1/3.$` for 1).
+Nor is it taken on a response without a digit or a backslash or dollar sign, where math-verify's
+default extraction finds nothing (it reads `The answer is C` as nothing): a worker's time saved.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ SECOND_CHANCE = ("no_answer", "wrong")
 # A gold with math delimiters or a box of its own is parsed as written; a bare one (`p - q`) inside
 # `$...$`, since math-verify's default extraction finds nothing in bare LaTeX.
 MATH_MARKUP = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed\{")
+ANYTHING_TO_PARSE = re.compile(r"[\d$\\]")
 
 
 def math_verify_gold(gold: str) -> str:
@@ -44,7 +47,7 @@ def deserves_second_path(response: str, found: Extraction | None, verdict: str) 
     if verdict not in SECOND_CHANCE:
         return False
     if found is None:
-        return not refuses(response)
+        return bool(ANYTHING_TO_PARSE.search(response)) and not refuses(response)
     if not reads_as_math(found.text) and refuses(found.text):  # a prose answer such as `more than 10`
         return False
     return not _lone_box(response, found)
