@@ -42,6 +42,8 @@ COLUMNS = {"kind", "response", "gold", "equal"}
 
 
 def load_table(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise SystemExit(f"error: {path}: no such labelled table")
     rows = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
