@@ -72,5 +72,6 @@ def test_strict_mode_keeps_its_reading_of_the_same_shapes():
     assert extract_answer("Final Answer: The area of the garden is 48.", "strict") == "The area of the garden is 48"
     assert extract_answer("Adding them, the total comes to **42**.", "strict") is None
     assert extract_answer("Réponse : il reste 15 billes.", "strict") is None
-    verdicts = verify_batch(["\\boxed{12, 400}", "The answer is 3.75"], ["12400", "3,75"], extraction="strict", workers=1)
+    verdicts = verify_batch(["\\boxed{12, 400}", "The answer is 3.75"], ["12400", "3,75"], extraction="strict",
+                            workers=1)
     assert [v.verdict for v in verdicts] == ["correct", "wrong"]  # as before issue 31

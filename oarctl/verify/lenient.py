@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 
 from oarctl.verify.boxed import box_spans
-from oarctl.verify.extract import BOX_MARKERS, SENTENCE_END, Extraction, box_run, closing, stripped
+from oarctl.verify.extract import BOX_MARKERS, Extraction, box_run, closing, stripped
 
 OPENER = re.compile(r"(?<!\\)\$\$|(?<!\\)\\\[|(?<!\\)\\\(|(?<!\\)\$")
 CLOSERS = {"$$": "$$", "$": "$", "\\[": "\\]", "\\(": "\\)"}
@@ -37,8 +37,8 @@ COMMAND = re.compile(r"\\[A-Za-z]+(?:\{[^{}]*\})?")
 # A bare word of three letters or more, or a letter of a script other than Latin and Greek (a
 # Chinese sentence): prose, or a currency `$` paired with the next `$` (`$5 and $`).
 PROSE_WORD = re.compile(r"(?<![A-Za-z])[A-Za-z]{3,}|[^\W\d_A-Za-z\u0370-\u03ff]")
-NUMBER = re.compile(r"(?<![A-Za-z0-9_.,])-?(?:\d{1,3}(?:\.\d{3})+,\d+|\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+,\d+|\d+(?:\.\d+)?|\.\d+)(?:/\d+)?"
-                    r"(?![A-Za-z0-9_]|[.,]\d)")
+NUMBER = re.compile(r"(?<![A-Za-z0-9_.,])-?(?:\d{1,3}(?:\.\d{3})+,\d+|\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+,\d+"
+                    r"|\d+(?:\.\d+)?|\.\d+)(?:/\d+)?(?![A-Za-z0-9_]|[.,]\d)")
 PERCENT_AFTER = re.compile(r"\s*(?:\\?%|percent\b|per\s+cent\b)", re.IGNORECASE)
 # Next to one of these a number is part of an expression or a relation, not the answer.
 OPERATOR_BEFORE = re.compile(r"(?:[\^*/+<>≤≥×÷{}_\\-]|\\(?:geq?|leq?|neq?|gt|lt|times|cdot))\s*$")
@@ -60,7 +60,7 @@ LIST_CONNECTOR = re.compile(r"(?:[\s$,;&]|\\[,;:! ]|\\q?quad\b|\\text\{\s*(?:and
                             r"(?:[A-Za-z](?:_\d)?\s*=\s*)?\\(?:boxed|fbox)\{")
 # "Answer" in other languages, then an optional verb or colon; its sentence ends at `.`, `。` or a newline.
 FOREIGN_ANSWER = re.compile(r"(?:\b(?:réponse|respuesta|resposta|risposta|antwort|ответ)\b|答案|الإجابة|الجواب|उत्तर)"
-                            r"\s*(?:est|es|é|è|ist|:|：)?\s*:?\s*", re.IGNORECASE)
+                            r"\s*(?:(?:est|es|é|è|ist)\b|:|：)?\s*:?\s*", re.IGNORECASE)
 FOREIGN_SENTENCE_END = re.compile(r"\.(?=\s|$)|[。\n]")
 
 
@@ -170,7 +170,7 @@ def _sentence(response: str, strict: Extraction) -> Extraction:
 def _lenient_box_run(response: str, strict: Extraction) -> Extraction:
     """A run of boxes joined by several connector words, where strict mode read only the last box."""
     spans = box_spans(response, BOX_MARKERS)
-    if not spans or (strict.start, strict.end) != spans[-1]:
+    if not spans or not spans[-1][0] <= strict.start <= strict.end <= spans[-1][1]:
         return strict
     return box_run(response, spans, LIST_CONNECTOR) or strict
 
