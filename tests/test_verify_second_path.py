@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,6 +122,18 @@ def test_held_out_cases_no_false_positive_and_at_least_math_verify_agreement():
             plain.append(False)
     agree = sum(said == label for said, label in zip(lenient, labels))
     assert agree >= sum(said == label for said, label in zip(plain, labels))
+
+
+@pytest.mark.parametrize("content, message", [(None, "no such labelled table"), ("nope\n", ":1: not JSON"),
+                                              ('{"kind": "x"}\n', ":1: expected kind, response, gold, equal")])
+def test_a_bad_labelled_table_is_a_one_line_error(tmp_path, content, message):
+    table = tmp_path / "table.jsonl"
+    if content is not None:
+        table.write_text(content)
+    for script in ("graders.py", "verify.py"):
+        result = subprocess.run([sys.executable, str(BENCH_DATA.parent / script), "--table", str(table)],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("gold, as_parsed", [("p - q", "$p - q$"), ("$9$", "$9$"), ("\\boxed{3}", "\\boxed{3}"),
