@@ -56,7 +56,7 @@ BARE_LIMIT = 300  # characters: a longer text without prose is not "just the ans
 BOLD = re.compile(r"(?<![A-Za-z0-9_*])\*\*(?=[^\s*])([^*\n]{1,200}?)(?<=[^\s*])\*\*(?!\*)")
 # Between two boxes of one answer in lenient mode: any run of spaces, delimiters, commas, `and`, `or`,
 # `\quad`, `\text{and}` (strict mode's extract.CONNECTOR allows one word), then maybe `x =`.
-LIST_CONNECTOR = re.compile(r"(?:[\s$,;&]|\\[,;:! ]|\\q?quad\b|\\text\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b)*"
+LIST_CONNECTOR = re.compile(r"(?:[\s$,;&]|\\[,;:! ]|\\q?quad\b|\\text\{\s*(?:(?:and|or|,)\s*)?\}|\band\b|\bor\b)*"
                             r"(?:[A-Za-z](?:_\d)?\s*=\s*)?\\(?:boxed|fbox)\{")
 # "Answer" in other languages, then an optional verb or colon; its sentence ends at `.`, `。` or a newline.
 FOREIGN_ANSWER = re.compile(r"(?:\b(?:réponse|respuesta|resposta|risposta|antwort|ответ)\b|答案|الإجابة|الجواب|उत्तर)"
