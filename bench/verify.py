@@ -3,23 +3,29 @@ same rollout-like set in one run.
 
     python bench/verify.py            # all 500 MATH-500 problems x 8 responses (`make bench`)
     python bench/verify.py --quick    # 40 problems x 8, a smoke run
+    python bench/verify.py --table bench/data/graders_heldout.jsonl   # a labelled table's cases instead
 
 The set: for each problem a group of `--group` responses (default 8), each a little reasoning text
 then one of: the gold answer boxed exactly; an equivalent rewritten form where one is easy
 (integer k -> `\\frac{2k}{2}` or `k.0`, `\\frac{a}{b}` -> `\\dfrac{a}{b}`, else the exact gold);
 a wrong answer repeated within the group (integer gold + 1, else another problem's answer);
-`The answer is $X$.` with no box; or no answer at all. Deterministic (`--seed`).
+`The answer is $X$.` with no box; or no answer at all. Deterministic (`--seed`). Every one of these
+shapes is read by oarctl's own extraction, so none needs lenient mode's second path; `--table`
+times a labelled table of bench/graders.py instead (its `kind` as the response kind), where some do.
 
-- baseline: `math_verify.verify(math_verify.parse("$gold$"), math_verify.parse(response))` per
+- baseline: `math_verify.verify(math_verify.parse(gold), math_verify.parse(response))` per
   response, sequentially in this process (the full response text goes to parse, as math-verify
-  users do; the gold is wrapped in `$...$` because math-verify's default extraction finds nothing
-  in bare LaTeX such as `p - q`). An exception counts as wrong.
+  users do; a bare gold is wrapped in `$...$` because math-verify's default extraction finds nothing
+  in bare LaTeX such as `p - q`: oarctl.verify.second_path.math_verify_gold). An exception counts
+  as wrong.
 - ours, cold pool (the figure the speed-up claim is about):
   `oarctl.verify.verify_batch(responses, golds, extraction=--extraction)` (default `lenient`, as
   `oarctl evaluate` grades) with default workers (all cores at most; one per 64 pairs that need
   the engine), memo cleared first, no worker running before the call: pool start-up (importing and
-  warming up the engine) is timed. The workers are stopped after timing so that their CPU-seconds
-  are counted.
+  warming up the engine) is timed. In lenient mode, answers graded no answer or wrong may take the
+  second path (math-verify's own parse of the whole response, oarctl/verify/second_path.py): the
+  share that did, and the share it graded correct, are printed. The workers are stopped after
+  timing so that their CPU-seconds are counted.
 - ours, warm pool (printed for information, in parentheses): the same call again, memo cleared,
   with the workers already started and warmed up on other answers (bench/graders.py's labelled
   table), as in `oarctl run`, whose pool lives across steps. Its speed-up is against the same
@@ -115,12 +121,15 @@ def baseline(responses: list[str], golds: list[str]) -> tuple[list[bool], float,
     """(verdicts, seconds, CPU-seconds, exceptions)."""
     import math_verify
 
+    from oarctl.verify.second_path import math_verify_gold
+
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     verdicts, errors = [], 0
     started, cpu = time.perf_counter(), time.process_time()
     for response, gold in zip(responses, golds):
         try:
-            verdicts.append(bool(math_verify.verify(math_verify.parse(f"${gold}$"), math_verify.parse(response))))
+            verdicts.append(bool(math_verify.verify(math_verify.parse(math_verify_gold(gold)),
+                                                    math_verify.parse(response))))
         except Exception:  # noqa: BLE001 - counted as wrong, as a reward function would
             verdicts.append(False)
             errors += 1
@@ -163,6 +172,18 @@ def _tail(text: str, width: int = 60) -> str:
     return text if len(text) <= width else "..." + text[-(width - 3):]
 
 
+def answer_set(args) -> tuple[list[str], list[str], list[str], str]:
+    """(responses, golds, kinds, a description): the MATH-500 rollout set, or a labelled table."""
+    if args.table is None:
+        problems = load_problems(args.data, args.problems)
+        described = f"{len(problems)} MATH-500 problems x {args.group} responses"
+        return (*build_set(problems, args.group, args.seed), described)
+    from graders import load_table  # bench/ is this script's folder, hence on sys.path
+
+    rows = load_table(args.table)
+    return [r["response"] for r in rows], [r["gold"] for r in rows], [r["kind"] for r in rows], args.table.name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="40 problems: a smoke run")
@@ -173,6 +194,7 @@ def main() -> None:
     parser.add_argument("--extraction", choices=["strict", "lenient"], default="lenient",
                         help="verify_batch extraction mode")
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--table", type=Path, help="a labelled table of bench/graders.py instead of MATH-500")
     parser.add_argument("--examples", type=int, default=10, help="disagreements to print")
     args = parser.parse_args()
     if args.quick:
@@ -180,11 +202,9 @@ def main() -> None:
 
     from oarctl.verify.pool import available_cores
 
-    problems = load_problems(args.data, args.problems)
-    responses, golds, kinds = build_set(problems, args.group, args.seed)
-    print(f"{len(problems)} MATH-500 problems x {args.group} responses = {len(responses)} answers, "
-          f"{len(set(zip(responses, golds)))} distinct; kinds {dict(Counter(kinds))}; "
-          f"{available_cores()} core(s)")
+    responses, golds, kinds, described = answer_set(args)
+    print(f"{described} = {len(responses)} answers, {len(set(zip(responses, golds)))} distinct; "
+          f"kinds {dict(Counter(kinds))}; {available_cores()} core(s)")
 
     base, base_seconds, base_cpu, base_errors = baseline(responses, golds)
     got, our_seconds, our_cpu = ours(responses, golds, args.workers, args.extraction)
@@ -204,6 +224,9 @@ def main() -> None:
     print(f"baseline exceptions (counted wrong): {base_errors}")
     print(f"ours: {dict(Counter(v.verdict for v in got))} "
           f"(of {', '.join(['correct', 'wrong', 'no_answer', 'timeout', 'error'])})")
+    asked, graded = sum(v.second_path for v in got), sum(v.graded_by != "oarctl" for v in got)
+    print(f"second path (math-verify's own extraction): needed by {asked}/{n} answers ({100 * asked / n:.1f}%), "
+          f"graded correct {graded}/{n} ({100 * graded / n:.1f}%)")
     by_kind = Counter((k, v.verdict) for k, v in zip(kinds, got))
     print("ours by response kind: " + "; ".join(f"{k}/{verdict}={c}" for (k, verdict), c in sorted(by_kind.items())))
 

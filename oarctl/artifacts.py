@@ -45,7 +45,8 @@ VERIFIED = pa.schema(list(ROLLOUTS) + [
     ("verdict", pa.string()),              # correct, wrong, no_answer, timeout or error
     ("parse_ok", pa.bool_()),              # the answer (and gold) could be read
     ("timed_out", pa.bool_()),             # the symbolic check was killed at verify.timeout
-    ("extraction", pa.string()),           # answer extraction mode: strict or lenient (verify.extraction)
+    ("extraction", pa.string()),           # strict or lenient (verify.extraction); lenient+math-verify where
+                                           # the second path (math-verify's own extraction) graded it
 ])
 ATTRIBUTIONS = pa.schema(list(VERIFIED) + [
     ("attribution_method", pa.string()),   # registry name of the method that scored the tokens
@@ -87,7 +88,8 @@ EVAL_RESULTS = pa.schema(list(PROMPTS) + [
     ("normalized_answer", pa.string()),    # what maj@k votes on (null when no answer)
     ("verdict", pa.string()),              # correct, wrong, no_answer, timeout or error
     ("reward", pa.float32()),
-    ("extraction", pa.string()),           # answer extraction mode: strict or lenient (evaluate.extraction)
+    ("extraction", pa.string()),           # strict or lenient (evaluate.extraction); lenient+math-verify where
+                                           # the second path (math-verify's own extraction) graded it
 ])
 
 FIDELITY = pa.schema([                     # `oarctl fidelity`: one row per rollout x method x K

@@ -32,7 +32,7 @@ def _extraction_note(mode: str | None) -> str:
     """Manifests older than evaluate.extraction were graded strictly."""
     if mode == "lenient":
         return ("Answers extracted leniently (explicit markers, else the last math expression or number, "
-                "as public graders read them).")
+                "as public graders read them; one graded wrong or missing is read again by math-verify).")
     return "Answers extracted strictly (explicit markers only: \\boxed, ####, 'the answer is')."
 
 

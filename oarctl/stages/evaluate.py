@@ -8,7 +8,8 @@ overall number is the mean over benchmarks (each counts once, as papers' "Avg." 
 per-benchmark metrics are `<name>/<metric>`. The seed is fixed per run (not per step), so every
 checkpoint is scored on the same noise. Answers are read with `evaluate.extraction`, `lenient` by
 default (as the graders behind published scores read them; see oarctl/verify/lenient.py), and the
-mode is in every row, the metrics and the summary.
+mode is in every row (`lenient+math-verify` where math-verify's own extraction graded it), the
+metrics and the summary.
 """
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from oarctl.policy.backends import generate
 from oarctl.runner import StageContext, StageOutput
 from oarctl.templates import encode, resolve as resolve_template
 from oarctl.verify import CHECKERS
+from oarctl.verify.equivalence import extraction_label
 
-VERSION = "3"  # 2: benchmark, verdict and normalized_answer columns; maj@k; evaluate.limit. 3: extraction
+VERSION = "4"  # 2: benchmark, verdict and normalized_answer columns; maj@k; evaluate.limit. 3: extraction.
+# 4: lenient mode's second path (math-verify's own extraction), `lenient+math-verify` rows
 HELDOUT = "heldout"  # the benchmark name of a prompts table without a benchmark column
 
 
@@ -43,7 +46,7 @@ def _responses(model, tokenizer, prompts, config, context, temperature, copies):
                "mode": "greedy" if temperature == 0 else "sampled", "sample_index": index % copies,
                "response_token_ids": generation.token_ids, "response_text": text,
                "finish_reason": generation.finish_reason, "extracted_answer": verdict.extracted, "reward": verdict.reward,
-               "extraction": config.extraction}
+               "extraction": extraction_label(verdict, config.extraction)}
 
 
 def _prompt_rows(table, limit: int) -> list[dict]:

@@ -3,7 +3,8 @@
 The checker is chosen by `verify.method`: `math` (extraction + math-verify in a killable worker
 pool, see oarctl/verify) or `boxed` (the last \\boxed{} equals the gold text). `verify.extraction`
 is `strict` by default, so a policy is rewarded only for an answer it states explicitly; the mode
-is recorded in every row (`extraction`).
+is recorded in every row (`extraction`; `lenient+math-verify` where lenient mode's second path,
+math-verify's own extraction, graded it).
 
 The answer's character span in `response_text` is mapped to its token span in
 `response_token_ids` with the sampling policy's tokenizer (the only use of the policy here); a
@@ -22,7 +23,7 @@ from oarctl.errors import InputError
 from oarctl.runner import StageContext, StageOutput
 from oarctl.verify import CHECKERS, verdict_columns
 
-VERSION = "4"  # 4: verify.extraction and the extraction column
+VERSION = "5"  # 4: verify.extraction and the extraction column. 5: lenient mode's second path
 SLOWEST_ROWS = 5
 
 

@@ -3,16 +3,18 @@
 Repeated (answer, gold) pairs are decided once per batch and remembered across batches (a group
 of 8 samples repeats answers a lot); only pairs the cheap path (cheap.py) cannot settle reach a
 worker, so integer answers (the toy task) never start one. The first such pair starts a worker at
-once, so that its import overlaps the extraction of the rest of the batch.
+once, so that its import overlaps the extraction of the rest of the batch. In lenient mode, answers
+graded no answer or wrong get a second path (second_path.py) through the same pool.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from oarctl.verify import second_path
 from oarctl.verify.extract import check_mode, find_answer
 from oarctl.verify.cheap import quick_verdict
-from oarctl.verify.normalize import decimal_comma, normalize
+from oarctl.verify.normalize import decimal_comma, normalize, spaced_list
 from oarctl.verify.pool import WorkerPool
 
 DEFAULT_TIMEOUT = 5.0
@@ -23,7 +25,7 @@ MEMO_LIMIT = 100_000
 # bench/verify.py's 44 engine pairs, 2 shared cores at load 3: one worker 1.3 s and 1.3 CPU-s, two
 # workers 2.1 s and 2.1 CPU-s.
 PAIRS_PER_WORKER = 64
-_MEMO: dict[tuple[str, str], "Decision"] = {}  # settled (pred, gold) -> decision, process-wide
+_MEMO: dict[tuple, "Decision"] = {}  # settled (pred, gold) or second-path item -> decision, process-wide
 _POOLS: dict[tuple, WorkerPool] = {}  # idle workers stop at exit (pool.py's atexit hook)
 
 
@@ -32,6 +34,7 @@ class Decision:
     verdict: str         # "correct", "wrong", "timeout" or "error"
     parse_ok: bool       # the answers parsed (always true on the cheap path)
     latency_ms: float    # time spent deciding this pair (shared by its repeats)
+    answer: str | None = None  # the second path's reading of the answer (math-verify's extraction)
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class Verdict:
     parse_ok: bool
     timed_out: bool
     latency_ms: float
+    graded_by: str = "oarctl"    # whose extraction read the answer: oarctl's, or math-verify's (second path)
+    second_path: bool = False    # lenient mode asked math-verify too (the first path said no answer or wrong)
 
     @property
     def reward(self) -> float:
@@ -53,12 +58,17 @@ class Verdict:
 
 def verdict_columns(verdicts: list[Verdict], extraction: str) -> dict:
     """The verified artifact's columns that come from the verdicts alone (not the reward, nor the token
-    spans, which need the tokenizer); `extraction` is recorded in every row."""
+    spans, which need the tokenizer); `extraction` is recorded in every row, as `lenient+math-verify`
+    where the second path graded it."""
     return {"extracted_answer": [v.extracted for v in verdicts], "answer_char_start": [v.start for v in verdicts],
             "answer_char_end": [v.end for v in verdicts], "normalized_answer": [v.normalized_answer for v in verdicts],
             "normalized_gold": [v.normalized_gold for v in verdicts], "verdict": [v.verdict for v in verdicts],
             "parse_ok": [v.parse_ok for v in verdicts], "timed_out": [v.timed_out for v in verdicts],
-            "extraction": [extraction] * len(verdicts)}
+            "extraction": [extraction_label(v, extraction) for v in verdicts]}
+
+
+def extraction_label(verdict: Verdict, extraction: str) -> str:
+    return extraction if verdict.graded_by == "oarctl" else f"{extraction}+{verdict.graded_by}"
 
 
 def normalized_gold(gold: str) -> str:
@@ -80,30 +90,30 @@ def _pool(timeout: float, workers: int, memory_mb: int) -> WorkerPool:
     the next benchmark) finds its workers started and the engine imported."""
     key = (timeout, workers, memory_mb)
     if key not in _POOLS:  # named, not imported: only the workers import the engine
-        _POOLS[key] = WorkerPool("oarctl.verify.symbolic:check_pair", workers=workers, timeout=timeout,
+        _POOLS[key] = WorkerPool("oarctl.verify.symbolic:check_item", workers=workers, timeout=timeout,
                                  memory_mb=memory_mb, items_per_worker=PAIRS_PER_WORKER)
     return _POOLS[key]
 
 
-def _symbolic(pairs: list[tuple[str, str]], timeout: float, workers: int, memory_mb: int) -> list[Decision]:
-    outcomes = _pool(timeout, workers, memory_mb).map(pairs)
+def _symbolic(items: list[tuple], timeout: float, workers: int, memory_mb: int) -> list[Decision]:
+    outcomes = _pool(timeout, workers, memory_mb).map(items)
     decisions = []
     for outcome in outcomes:
         if outcome.status == "ok":
-            equal, parse_ok = outcome.value
-            decisions.append(Decision("correct" if equal else "wrong", parse_ok, outcome.latency_ms))
+            equal, parse_ok, answer = outcome.value
+            decisions.append(Decision("correct" if equal else "wrong", parse_ok, outcome.latency_ms, answer))
         else:
             decisions.append(Decision(outcome.status, False, outcome.latency_ms))
     return decisions
 
 
-def decide(pairs: list[tuple[str, str]], *, timeout: float = DEFAULT_TIMEOUT, workers: int = 0,
-           memory_mb: int = DEFAULT_MEMORY_MB) -> dict[tuple[str, str], Decision]:
-    """A decision per distinct normalised (pred, gold) pair."""
+def decide(pairs: list[tuple], *, timeout: float = DEFAULT_TIMEOUT, workers: int = 0,
+           memory_mb: int = DEFAULT_MEMORY_MB) -> dict[tuple, Decision]:
+    """A decision per distinct normalised (pred, gold) pair or second-path item (never cheap)."""
     decided = {pair: _MEMO[pair] for pair in set(pairs) if pair in _MEMO}
     hard = []
     for pair in set(pairs) - decided.keys():
-        quick = _quick(pair)
+        quick = _quick(pair) if len(pair) == 2 else None
         if quick is None:
             hard.append(pair)
         else:
@@ -112,8 +122,9 @@ def decide(pairs: list[tuple[str, str]], *, timeout: float = DEFAULT_TIMEOUT, wo
         decided.update(zip(hard, _symbolic(hard, timeout, workers, memory_mb)))
     if len(_MEMO) > MEMO_LIMIT:
         _MEMO.clear()
-    # Timeouts and errors may be load-dependent, so only settled verdicts are remembered.
-    _MEMO.update({pair: d for pair, d in decided.items() if d.verdict in ("correct", "wrong")})
+    # Timeouts and errors may be load-dependent, so only settled verdicts are remembered; whole
+    # responses (second-path items) seldom repeat across batches and would hold their text.
+    _MEMO.update({pair: d for pair, d in decided.items() if d.verdict in ("correct", "wrong") and len(pair) == 2})
     return decided
 
 
@@ -125,7 +136,10 @@ def _pair(found, gold_form: str, extraction: str) -> tuple[str, str] | None:
     if found is None:
         return None
     pred = normalize(found.text)
-    return (decimal_comma(pred, gold_form) if extraction == "lenient" else pred), gold_form
+    if extraction != "lenient":
+        return pred, gold_form
+    # a decimal comma on either side, read against the other side's plain number
+    return spaced_list(found.text, decimal_comma(pred, gold_form)), decimal_comma(gold_form, pred)
 
 
 def verify_batch(responses: list[str], golds: list[str], *, timeout: float = DEFAULT_TIMEOUT,
@@ -133,27 +147,61 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = DEF
     """One Verdict per (response, gold); hung, crashing or huge items get `timeout`/`error`, reward 0.
 
     `extraction`: `strict` (explicit answer markers only) or `lenient` (graders' fallbacks, see
-    extract.py). Gold answers are always read strictly: a bare gold such as `x >= 5` is the answer.
+    extract.py, then math-verify's own extraction for answers graded no answer or wrong, see
+    second_path.py). Gold answers are always read strictly: a bare gold such as `x >= 5` is the answer.
     """
     mode, gold_forms = check_mode(extraction), {gold: normalized_gold(gold) for gold in set(golds)}
+    limits = {"timeout": timeout, "workers": workers, "memory_mb": memory_mb}
     found, pairs, engine_started = [], [], False
     for response, gold in zip(responses, golds):
         found.append(find_answer(response, mode))
         pairs.append(_pair(found[-1], gold_forms[gold], extraction))
-        if not engine_started and needs_engine(pairs[-1]):
+        if not engine_started and (_unanswered(mode, response, found[-1]) or needs_engine(pairs[-1])):
             _pool(timeout, workers, memory_mb).start()  # imports the engine while we extract the rest
             engine_started = True
-    decisions = decide([p for p in pairs if p is not None], timeout=timeout, workers=workers, memory_mb=memory_mb)
-    verdicts = []
-    for answer, gold, pair in zip(found, golds, pairs):
-        if pair is None:
-            verdicts.append(Verdict(None, -1, -1, None, gold_forms[gold], "no_answer", False, False, 0.0))
-            continue
-        decision = decisions[pair]
-        verdicts.append(Verdict(answer.text, answer.start, answer.end, pair[0], pair[1],
-                                decision.verdict, decision.parse_ok, decision.verdict == "timeout",
-                                decision.latency_ms))
-    return verdicts
+    # Responses without an answer take the second path in the same round as the first path's pairs.
+    unanswered = [second_path.item(response, gold) for response, gold, answer in zip(responses, golds, found)
+                  if _unanswered(mode, response, answer)]
+    decisions = decide([p for p in pairs if p is not None] + unanswered, **limits)
+    verdicts = [_first_verdict(answer, gold_forms[gold], pair, decisions)
+                for answer, gold, pair in zip(found, golds, pairs)]
+    return _with_second_path(responses, golds, found, verdicts, decisions, limits) if mode == "lenient" else verdicts
+
+
+def _unanswered(mode: str, response: str, answer) -> bool:
+    """A response without an answer that the second path will read (it needs the engine)."""
+    return mode == "lenient" and answer is None and second_path.deserves_second_path(response, None, "no_answer")
+
+
+def _first_verdict(answer, gold_form: str, pair, decisions: dict) -> Verdict:
+    if pair is None:
+        return Verdict(None, -1, -1, None, gold_form, "no_answer", False, False, 0.0)
+    decision = decisions[pair]
+    return Verdict(answer.text, answer.start, answer.end, pair[0], pair[1], decision.verdict, decision.parse_ok,
+                   decision.verdict == "timeout", decision.latency_ms)
+
+
+def _with_second_path(responses, golds, found, verdicts: list[Verdict], decisions: dict, limits: dict) -> list[Verdict]:
+    """Lenient mode: math-verify's own reading of every response graded no answer or wrong."""
+    items = {index: second_path.item(responses[index], golds[index]) for index, verdict in enumerate(verdicts)
+             if second_path.deserves_second_path(responses[index], found[index], verdict.verdict)}
+    missing = [item for item in items.values() if item not in decisions]
+    if missing:
+        decisions = {**decisions, **decide(missing, **limits)}
+    return [_second_verdict(verdict, responses[index], decisions[items[index]]) if index in items else verdict
+            for index, verdict in enumerate(verdicts)]
+
+
+def _second_verdict(first: Verdict, response: str, decision: Decision) -> Verdict:
+    """The first path's verdict, unless math-verify's reading is correct (only a "correct" counts:
+    the second path is a second chance, never a second way to be wrong)."""
+    latency_ms = first.latency_ms + decision.latency_ms
+    start, end = second_path.span_of(response, decision.answer or "")
+    overlaps = second_path.same_reading(first.extracted, (first.start, first.end), (start, end))
+    if decision.verdict != "correct" or overlaps:
+        return replace(first, second_path=True, latency_ms=latency_ms)
+    return Verdict(decision.answer, start, end, normalize(decision.answer), first.normalized_gold, "correct", True,
+                   False, latency_ms, graded_by=second_path.GRADED_BY, second_path=True)
 
 
 def is_equivalent(pred: str, gold: str, timeout: float = DEFAULT_TIMEOUT) -> bool:

@@ -48,12 +48,13 @@ def stripped(response: str, start: int, end: int) -> Extraction | None:
     return Extraction(response[start:end], start, end) if end > start else None
 
 
-def _box_run(response: str, spans: list[tuple[int, int]]) -> Extraction | None:
-    """Boxes in a row at the end of the boxed ones, read as one list; None for fewer than two."""
+def box_run(response: str, spans: list[tuple[int, int]], connector: re.Pattern = CONNECTOR) -> Extraction | None:
+    """Boxes in a row at the end of the boxed ones, read as one list; None for fewer than two.
+    `connector`: what may stand between two boxes of the run, up to the next box's content."""
     run = spans[-1:]  # from the last box backwards
     for span in reversed(spans[:-1]):
         gap = response[span[1] + 1:run[-1][0]]
-        if span[1] >= run[-1][0] or not CONNECTOR.fullmatch(gap):
+        if span[1] >= run[-1][0] or not connector.fullmatch(gap):
             break
         run.append(span)
     if len(run) < 2:
@@ -68,7 +69,7 @@ def _boxed(response: str) -> Extraction | None:
     spans = box_spans(response, BOX_MARKERS)
     if not spans:
         return None
-    return _box_run(response, spans) or stripped(response, *spans[-1])
+    return box_run(response, spans) or stripped(response, *spans[-1])
 
 
 def _gsm8k(response: str) -> Extraction | None:

@@ -21,6 +21,9 @@ THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:[, ]\d{3})+(?:\.\d+)?$")  # `1,000`, an
 NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
 SPACE_AROUND_SYMBOL = re.compile(r"\s*([^\w\s\\])\s*")
 DECIMAL_COMMA = re.compile(r"^-?\d+,(?:\d{1,2}|\d{4,})$")  # not exactly 3 digits after the comma
+EUROPEAN = re.compile(r"^-?\d{1,3}(?:\.\d{3})+,\d+$")  # `1.234,5`: dots group thousands, the comma is decimal
+# Groups of three digits after a comma and a plain space: `32, 349` lists two numbers.
+SPACED_LIST = re.compile(r"^\$?\s*-?\d{1,3}(?:,[ \t]+\d{3})+\s*\$?$")
 UNICODE_MATH = {"≥": "\\geq ", "≤": "\\leq ", "≠": "\\neq ", "−": "-", "×": "\\times ", "÷": "\\div "}
 
 
@@ -49,12 +52,23 @@ def decimal_comma(pred: str, gold: str) -> str:
     """Lenient mode's reading of a number written with a comma, given the normalised gold.
 
     `2,74` is 2.74 when the digits after the comma are not exactly three (`1,000` is a thousand,
-    which normalize already reads) and the gold is a single number: against a gold list such as
-    `{1,2}` the comma separates answers.
+    which normalize already reads), and `1.234,5` is 1234.5, when the gold is a single number:
+    against a gold list such as `{1,2}` the comma separates answers.
     """
-    if DECIMAL_COMMA.match(pred) and plain_number(gold) is not None:
-        return pred.replace(",", ".")
-    return pred
+    if plain_number(gold) is None:
+        return pred
+    if EUROPEAN.match(pred):
+        return pred.replace(".", "").replace(",", ".")
+    return pred.replace(",", ".") if DECIMAL_COMMA.match(pred) else pred
+
+
+def spaced_list(raw: str, pred: str) -> str:
+    """Lenient mode's reading of `32, 349` (the answer as written, then normalised): a list, since a
+    thousands separator stands right against the digits (`32,349`, `32{,}349`, `32,\\!349`);
+    normalize alone reads all of them as 32349."""
+    if not SPACED_LIST.match(raw.strip()):
+        return pred
+    return ", ".join(part.strip(" \t$") for part in raw.split(","))
 
 
 def plain_number(answer: str) -> Decimal | None:
