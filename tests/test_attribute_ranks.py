@@ -173,6 +173,10 @@ def test_two_ranks_write_the_scores_of_one_process(verified, method):
     # rows of one prompt (oar._prefix_batches), whose group is never split over ranks: every row meets
     # the same batch, padding and kernels as in one process, so the bytes are those of one process.
     assert same_bytes and difference == 0.0
+    if method == "oar_flow":  # its knobs are recorded beside the outcome_mode column
+        manifest = json.loads(Path(f"{one}.manifest.json").read_text())
+        assert manifest["metrics"]["flow_rule"] == "product"
+        assert set(table_one["outcome_mode"].to_pylist()) <= {"last"}
 
 
 # ---- skip_uniform_groups -------------------------------------------------------------------------
