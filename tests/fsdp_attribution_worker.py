@@ -7,7 +7,8 @@ rows 0-2 (three samples of one prompt), rank 1 row 3 (another prompt, a longer r
 make different numbers of OAR-G batches (attribute.batch_size 1) and of OAR-P forwards. MODE:
 - `padded`: the methods with a CallSync (collective.py); rank 0 writes every row's scores to OUT.json;
 - `gathered`: the plain model on full weights (fsdp_gathered), no CallSync: no collective to pad;
-- `unpadded`: rank 1 agrees on the counts but skips its dummy calls: must hang or fail, not finish.
+- `unpadded`: rank 1 agrees on the counts but skips its dummy calls: must hang or fail, not finish;
+- `padded-zero3` / `unpadded-zero3`: the same under DeepSpeed ZeRO-3 (DS_ACCELERATOR=cpu) instead of FSDP1.
 """
 from __future__ import annotations
 
@@ -82,6 +83,18 @@ def _fsdp_model(policy: str):
     return FullyShardedDataParallel(model, auto_wrap_policy=wrap, use_orig_params=True, device_id=torch.device("cpu"))
 
 
+def _zero3_model(policy: str):
+    """The policy partitioned by DeepSpeed ZeRO-3 (its CPU accelerator, gloo); no optimizer: attribution only."""
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+    engine, *_ = deepspeed.initialize(model=model, config=config, dist_init_required=False)
+    return engine.module  # its forwards gather each layer's partitions (a collective per layer)
+
+
 def main(policy: str, out: str, mode: str) -> None:
     import torch
     import torch.distributed as dist
@@ -93,13 +106,14 @@ def main(policy: str, out: str, mode: str) -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))  # a missed collective fails in 30 s
     rank = dist.get_rank()
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    model = _fsdp_model(policy)
+    model = _zero3_model(policy) if mode.endswith("zero3") else _fsdp_model(policy)
     sync = CallSync(torch.device("cpu"))
     if mode == "gathered":
         with fsdp_gathered(model) as plain:
             mine = scores(plain, tokenizer, RANK_ROWS[rank], None)
     else:
-        mine = scores(model, tokenizer, RANK_ROWS[rank], sync if mode == "padded" else SkippedPadding(sync, rank))
+        padded = mode in ("padded", "padded-zero3")
+        mine = scores(model, tokenizer, RANK_ROWS[rank], sync if padded else SkippedPadding(sync, rank))
     with_grad = [name for name, parameter in model.named_parameters() if parameter.grad is not None]
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {"rows": RANK_ROWS[rank], "scores": mine, "with_grad": with_grad})

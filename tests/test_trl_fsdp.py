@@ -1,11 +1,12 @@
 """Attribution on sharded weights (oarctl/attribution/collective.py) and OARGRPOTrainer under FSDP1, on 2 CPU
 processes (gloo): padded attribution gives the scores of one process with ranks holding different numbers
-and lengths of responses, without a parameter gradient; the same with the weights gathered; an unpadded
-rank makes the launch fail; `uniform` under FSDP is stock TRL under FSDP; OAR-G / OAR-P spans under FSDP
+and lengths of responses, without a parameter gradient, under FSDP1 and DeepSpeed ZeRO-3; the same with the
+FSDP weights gathered; an unpadded rank makes the launch fail; `uniform` under FSDP is stock TRL under FSDP; OAR-G / OAR-P spans under FSDP
 give the token advantages of one process. Each launch takes ~15-60 s (two processes import torch / TRL)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,8 +34,8 @@ def _free_port() -> int:
         return handle.getsockname()[1]
 
 
-def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def _run(command: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
 def _load(policy: Path):
@@ -84,12 +85,16 @@ def test_padding_makes_the_planned_calls_plus_dummies_and_changes_no_score(tiny_
 # ---- 2 ranks, FSDP1: attribution on the shards ---------------------------------------------------------------
 
 def _launch_attribution(policy: Path, out: Path, mode: str, timeout: float) -> subprocess.CompletedProcess:
+    if mode.endswith("zero3"):
+        pytest.importorskip("deepspeed")
     return _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                 str(_free_port()), str(TESTS / "fsdp_attribution_worker.py"), str(policy), str(out), mode], timeout)
+                 str(_free_port()), str(TESTS / "fsdp_attribution_worker.py"), str(policy), str(out), mode], timeout,
+                env={**os.environ, "DS_ACCELERATOR": "cpu"})  # DeepSpeed's CPU accelerator (gloo)
 
 
-@pytest.mark.parametrize("mode", ["padded", "gathered"])
-def test_attribution_on_fsdp_ranks_gives_the_scores_of_one_process(tiny_policy, tmp_path, mode):
+@pytest.mark.parametrize("mode", ["padded", "gathered", "padded-zero3"])
+def test_attribution_on_sharded_ranks_gives_the_scores_of_one_process(tiny_policy, tmp_path, mode):
+    """FSDP1 on the shards (padded calls) or on gathered weights (no collective), and DeepSpeed ZeRO-3."""
     launched = _launch_attribution(tiny_policy, tmp_path / "ranks.json", mode, timeout=120)
     assert launched.returncode == 0, launched.stderr[-3000:]
     ranks = json.loads((tmp_path / "ranks.json").read_text())
@@ -105,11 +110,12 @@ def test_attribution_on_fsdp_ranks_gives_the_scores_of_one_process(tiny_policy, 
     assert any(np.nanmax(values) > 0 for values in expected["oar_g"])
 
 
-def test_a_rank_that_skips_its_dummy_calls_makes_the_launch_fail(tiny_policy, tmp_path):
+@pytest.mark.parametrize("mode", ["unpadded", "unpadded-zero3"])
+def test_a_rank_that_skips_its_dummy_calls_makes_the_launch_fail(tiny_policy, tmp_path, mode):
     """The control of the padding: rank 1 agrees on the counts but makes fewer calls; gloo's 30 s collective
     timeout (or a size mismatch) ends the launch, which never writes its result."""
     try:
-        launched = _launch_attribution(tiny_policy, tmp_path / "ranks.json", "unpadded", timeout=150)
+        launched = _launch_attribution(tiny_policy, tmp_path / "ranks.json", mode, timeout=150)
     except subprocess.TimeoutExpired:
         launched = None  # hung: as bad, and what the padding prevents
     assert launched is None or (launched.returncode != 0 and "gloo" in launched.stderr)  # a collective failed
