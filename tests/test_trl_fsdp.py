@@ -168,3 +168,15 @@ def test_oar_under_fsdp_gives_the_token_advantages_of_one_process(fsdp_trl_run, 
     assert any(np.ptp(r["token_weights"]) > 0.1 for r in two)
     counts = [json.loads((fsdp_trl_run / f"counts-{rank}.json").read_text()) for rank in (0, 1)]
     assert any(mine < most for rank in counts for mine, most in rank)  # a rank padded its calls
+
+
+def test_the_example_runs_under_the_cpu_fsdp_config(cli, tmp_path):
+    """examples/trl_oar.py as the README launches it, shrunk to 2 steps of 2 prompts (~30-60 s)."""
+    out = tmp_path / "trl-oar"
+    launched = _run([str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
+                     str(ROOT / "configs" / "accelerate" / "cpu-fsdp-2proc-trl.yaml"), "--main_process_port",
+                     str(_free_port()), str(ROOT / "examples" / "trl_oar.py"), "--steps", "2", "--prompts-per-step",
+                     "2", "--out", str(out)], timeout=300)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "2 steps in" in launched.stdout and "on 2 process(es), FSDP;" in launched.stdout
+    assert cli("show", out / "step_0001" / "advantages.parquet", "--row", "0").exit_code == 0
