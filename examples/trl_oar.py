@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--method", default="oar_g", help="any oarctl attribution method (uniform = stock GRPO)")
     parser.add_argument("--out", default="runs/trl-oar")
+    parser.add_argument("--model", help="a transformers model folder or hub name (default: the toy policy)")
+    parser.add_argument("--vllm", action="store_true", help="generate with vLLM in colocate mode (TRL's use_vllm)")
     parser.add_argument("--prompts-per-step", type=int, default=16)
     parser.add_argument("--gathered", action="store_true", help="FSDP / ZeRO-3: attribute on full weights gathered "
                                                                     "on every process (a full copy per GPU)")
@@ -67,8 +69,8 @@ def main() -> None:
                       per_device_train_batch_size=options.prompts_per_step * group, num_generations=group,
                       max_completion_length=48, learning_rate=1e-4, temperature=1.0, logging_steps=5,
                       save_strategy="no", report_to=[], use_cpu=not torch.cuda.is_available(),
-                      bf16=torch.cuda.is_available(), seed=0)
-    trainer = OARGRPOTrainer(model=str(base_policy_dir()), reward_funcs=boxed_reward, args=args,
+                      bf16=torch.cuda.is_available(), seed=0, use_vllm=options.vllm, vllm_mode="colocate")
+    trainer = OARGRPOTrainer(model=options.model or str(base_policy_dir()), reward_funcs=boxed_reward, args=args,
                              train_dataset=toy_dataset(options.prompts_per_step * options.steps, seed=0),
                              attribution=options.method, oar_log_dir=options.out,
                              attribution_params="gathered" if options.gathered else "sharded")
@@ -79,7 +81,13 @@ def main() -> None:
     if accelerator.is_main_process:
         print(f"{options.steps} steps in {seconds:.0f} s ({seconds / options.steps:.1f} s/step) on "
               f"{accelerator.num_processes} process(es), {accelerator.distributed_type.value}; "
-              f"artifacts: {options.out} (oarctl report {options.out})")
+              f"artifacts: {options.out} (oarctl report {options.out})" + _peak_memory())
+
+
+def _peak_memory() -> str:
+    import torch
+
+    return f"; peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if torch.cuda.is_available() else ""
 
 
 if __name__ == "__main__":

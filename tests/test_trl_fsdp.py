@@ -1,8 +1,9 @@
 """Attribution on sharded weights (oarctl/attribution/collective.py) and OARGRPOTrainer under FSDP1, on 2 CPU
 processes (gloo): padded attribution gives the scores of one process with ranks holding different numbers
 and lengths of responses, without a parameter gradient, under FSDP1 and DeepSpeed ZeRO-3; the same with the
-FSDP weights gathered; an unpadded rank makes the launch fail; `uniform` under FSDP is stock TRL under FSDP; OAR-G / OAR-P spans under FSDP
-give the token advantages of one process. Each launch takes ~15-60 s (two processes import torch / TRL)."""
+FSDP weights gathered; an unpadded rank makes the launch fail; `uniform` under FSDP is stock TRL under
+FSDP; OAR-G / OAR-P spans under FSDP give the token advantages of one process; the example runs under the
+CPU FSDP config. Each launch takes ~15-60 s (two processes import torch / TRL)."""
 from __future__ import annotations
 
 import json

@@ -89,7 +89,8 @@ def place_below(exact: dict[int, float], top: np.ndarray, saliency: np.ndarray) 
     return scores
 
 
-def _measured(reasoning: Span, saliency: torch.Tensor, config, seed: int) -> tuple[np.ndarray, np.ndarray, list[Span]]:
+def _measured(reasoning: Span, saliency: torch.Tensor, config,
+              seed: int) -> tuple[np.ndarray, np.ndarray, list[Span]]:
     """(top, audit, the spans perturbed): what oar_p_screened measures exactly in one response."""
     top, audit = screened_positions(saliency.double().numpy(), config, seed)
     measured = np.union1d(top, audit)

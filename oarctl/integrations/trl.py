@@ -271,7 +271,6 @@ class OARGRPOTrainer(GRPOTrainer):
         """FSDP1 sharded: the FSDP root, whose forwards gather the shards (padded calls); FSDP1 gathered: the
         plain model on full weights. Otherwise as TRL's own generation gets it (unwrapped; under ZeRO-3 the
         weights gathered with attribution_params="gathered", else gathered layer by layer in each call)."""
-        settings = self.args
         if self.is_fsdp_enabled and self.attribution_params == "sharded":
             yield self.model_wrapped
         elif self.is_fsdp_enabled:
@@ -280,7 +279,8 @@ class OARGRPOTrainer(GRPOTrainer):
         else:
             with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
                                              gather_deepspeed3_params=self.attribution_params == "gathered",
-                                             gradient_checkpointing_kwargs=settings.gradient_checkpointing_kwargs) as model:
+                                             gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs
+                                             ) as model:
                 yield model
 
     def _slowest(self, seconds: float) -> float:
