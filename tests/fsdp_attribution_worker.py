@@ -8,7 +8,8 @@ make different numbers of OAR-G batches (attribute.batch_size 1) and of OAR-P fo
 - `padded`: the methods with a CallSync (collective.py); rank 0 writes every row's scores to OUT.json;
 - `gathered`: the plain model on full weights (fsdp_gathered), no CallSync: no collective to pad;
 - `unpadded`: rank 1 agrees on the counts but skips its dummy calls: must hang or fail, not finish;
-- `padded-zero3` / `unpadded-zero3`: the same under DeepSpeed ZeRO-3 (DS_ACCELERATOR=cpu) instead of FSDP1.
+- `padded-zero3` / `unpadded-zero3`: the same under DeepSpeed ZeRO-3 (DS_ACCELERATOR=cpu) instead of FSDP1;
+- `padded-empty`: rank 0 scores every row, rank 1 none (a rank whose groups all had one reward).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ PROMPTS = ["Compute 5-3.", "Compute 9-8."]
 RESPONSES = [(0, "5-3=2. \\boxed{2}"), (0, "5 less 3 is 2. \\boxed{2}"), (0, "so 1. \\boxed{1}"),
              (1, "9-8 is 1, as 8+1=9. \\boxed{1}")]
 RANK_ROWS = [[0, 1, 2], [3]]
+EMPTY_RANK_ROWS = [[0, 1, 2, 3], []]  # mode `padded-empty`: rank 1 has nothing to score and only pads
 
 
 def rollout_table(tokenizer):
@@ -46,6 +48,8 @@ def scores(model, tokenizer, rows: list[int], sync, methods=METHODS) -> dict[str
     """{method: scores of `rows`} from oarctl's registry, as the attribute stage calls it."""
     from types import SimpleNamespace
 
+    import pyarrow as pa
+
     from oarctl.attribution import ATTRIBUTION_METHODS
     from oarctl.attribution.oar import segment_rows
     from oarctl.runner import StageContext
@@ -53,8 +57,9 @@ def scores(model, tokenizer, rows: list[int], sync, methods=METHODS) -> dict[str
     table = rollout_table(tokenizer)
     rollouts = [segment_rows(table, tokenizer)[row] for row in rows]  # rows keep their global index (seeds)
     context = StageContext(seed=0, step=0, policy=SimpleNamespace(load=lambda: (model, tokenizer)), call_sync=sync)
-    return {method: [s.tolist() for s in ATTRIBUTION_METHODS.get(method)(rollouts, table.take(rows),
-                                                                        attribute_config(method), context)]
+    mine = table.take(pa.array(rows, pa.int64()))  # typed: `rows` may be empty
+    return {method: [s.tolist() for s in ATTRIBUTION_METHODS.get(method)(rollouts, mine, attribute_config(method),
+                                                                        context)]
             for method in methods}
 
 
@@ -103,20 +108,23 @@ def main(policy: str, out: str, mode: str) -> None:
     from oarctl.attribution.collective import CallSync, fsdp_gathered
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))  # a missed collective fails in 30 s
+    # a missed collective fails in 10 s (unpadded); padded runs wait longer for a rank slowed by busy cores
+    seconds = 10 if mode.startswith("unpadded") else 120
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=seconds))
     rank = dist.get_rank()
+    rows = (EMPTY_RANK_ROWS if mode == "padded-empty" else RANK_ROWS)[rank]
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = _zero3_model(policy) if mode.endswith("zero3") else _fsdp_model(policy)
     sync = CallSync(torch.device("cpu"))
     if mode == "gathered":
         with fsdp_gathered(model) as plain:
-            mine = scores(plain, tokenizer, RANK_ROWS[rank], None)
+            mine = scores(plain, tokenizer, rows, None)
     else:
-        padded = mode in ("padded", "padded-zero3")
-        mine = scores(model, tokenizer, RANK_ROWS[rank], sync if padded else SkippedPadding(sync, rank))
+        padded = mode.startswith("padded")
+        mine = scores(model, tokenizer, rows, sync if padded else SkippedPadding(sync, rank))
     with_grad = [name for name, parameter in model.named_parameters() if parameter.grad is not None]
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, {"rows": RANK_ROWS[rank], "scores": mine, "with_grad": with_grad})
+    dist.all_gather_object(gathered, {"rows": rows, "scores": mine, "with_grad": with_grad})
     if rank == 0:
         with open(out, "w") as handle:
             json.dump(gathered, handle)

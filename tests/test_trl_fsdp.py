@@ -93,15 +93,16 @@ def _launch_attribution(policy: Path, out: Path, mode: str, timeout: float) -> s
                 env={**os.environ, "DS_ACCELERATOR": "cpu"})  # DeepSpeed's CPU accelerator (gloo)
 
 
-@pytest.mark.parametrize("mode", ["padded", "gathered", "padded-zero3"])
+@pytest.mark.parametrize("mode", ["padded", "gathered", "padded-zero3", "padded-empty"])
 def test_attribution_on_sharded_ranks_gives_the_scores_of_one_process(tiny_policy, tmp_path, mode):
-    """FSDP1 on the shards (padded calls) or on gathered weights (no collective), and DeepSpeed ZeRO-3."""
+    """FSDP1 on the shards (padded calls) or on gathered weights (no collective), DeepSpeed ZeRO-3, and FSDP1
+    with a rank that has nothing to score."""
     launched = _launch_attribution(tiny_policy, tmp_path / "ranks.json", mode, timeout=120)
     assert launched.returncode == 0, launched.stderr[-3000:]
     ranks = json.loads((tmp_path / "ranks.json").read_text())
     model, tokenizer = _load(tiny_policy)
     expected = scores(model, tokenizer, list(range(4)), None)
-    assert [len(rank["rows"]) for rank in ranks] == [3, 1]  # unequal: rank 1 pads its calls
+    assert [len(rank["rows"]) for rank in ranks] == ([4, 0] if mode == "padded-empty" else [3, 1])  # rank 1 pads
     for rank in ranks:
         assert rank["with_grad"] == []  # OAR-G's gradient is the embeddings', no parameter's
         for method in METHODS:
@@ -111,9 +112,9 @@ def test_attribution_on_sharded_ranks_gives_the_scores_of_one_process(tiny_polic
     assert any(np.nanmax(values) > 0 for values in expected["oar_g"])
 
 
-@pytest.mark.parametrize("mode", ["unpadded", "unpadded-zero3"])
+@pytest.mark.parametrize("mode", ["unpadded", pytest.param("unpadded-zero3", marks=pytest.mark.slow)])
 def test_a_rank_that_skips_its_dummy_calls_makes_the_launch_fail(tiny_policy, tmp_path, mode):
-    """The control of the padding: rank 1 agrees on the counts but makes fewer calls; gloo's 30 s collective
+    """The control of the padding: rank 1 agrees on the counts but makes fewer calls; gloo's 10 s collective
     timeout (or a size mismatch) ends the launch, which never writes its result."""
     try:
         launched = _launch_attribution(tiny_policy, tmp_path / "ranks.json", mode, timeout=150)
@@ -181,3 +182,12 @@ def test_the_example_runs_under_the_cpu_fsdp_config(cli, tmp_path):
     assert launched.returncode == 0, launched.stderr[-3000:]
     assert "2 steps in" in launched.stdout and "on 2 process(es), FSDP;" in launched.stdout
     assert cli("show", out / "step_0001" / "advantages.parquet", "--row", "0").exit_code == 0
+
+
+def test_a_bad_attribution_params_is_one_line_naming_the_option(tiny_policy, signal_data, tmp_path):
+    from oarctl.errors import OarError
+    from oarctl.integrations.trl import OARGRPOTrainer
+
+    with pytest.raises(OarError, match="^attribution_params: expected 'sharded' or 'gathered', got 'all'$"):
+        OARGRPOTrainer(model=str(tiny_policy), reward_funcs=boxed_reward, args=grpo_args(tmp_path),
+                       train_dataset=dataset(signal_data["train"]), attribution_params="all")

@@ -248,8 +248,8 @@ class OARGRPOTrainer(GRPOTrainer):
         with contextlib.ExitStack() as stack:
             policy = _LivePolicy(lambda: stack.enter_context(self._attribution_model()), self.processing_class)
             context = StageContext(seed=self.args.seed, step=self.state.global_step, policy=policy, call_sync=sync)
-            for row, values in zip(scored, method([rollouts[i] for i in scored], batch["table"].take(scored),
-                                                  self.oar.attribute, context)):
+            table = batch["table"].take(pa.array(scored, pa.int64()))  # typed: `scored` may be empty
+            for row, values in zip(scored, method([rollouts[i] for i in scored], table, self.oar.attribute, context)):
                 scores[row] = np.asarray(values, dtype=np.float32)
         return scores
 
