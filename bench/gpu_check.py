@@ -27,8 +27,10 @@ as a large weight difference.
 
 Part `trl` (issue 29): examples/trl_oar.py, TRL's GRPOTrainer with OAR-G (`OARGRPOTrainer`), on the
 random-init policy under `accelerate launch` with FSDP on one GPU (fsdp.yaml, one process): two steps
-of 2 prompts x 8 completions, attribution on the shards with padded calls; with vLLM installed, again
-with TRL's vLLM colocate generation. --tiny: two CPU ranks (cpu-fsdp-2proc-trl.yaml).
+of 2 prompts x 8 completions, attribution on the shards with padded calls; then under DeepSpeed ZeRO-3
+(deepspeed_zero3.yaml, when deepspeed is installed: never run on a CPU, accelerate needs a GPU for it)
+and, with vLLM installed, under FSDP with TRL's vLLM colocate generation. --tiny: FSDP on two CPU ranks
+(cpu-fsdp-2proc-trl.yaml).
 
 Part `twostep` (issue 15): one RL step (sample, verify, attribute oar_g, reshape, update), then the
 next on the checkpoint that update wrote, in this process as `oarctl run` chains them: after each
@@ -394,33 +396,45 @@ def _fsdp_launcher(args, work: Path) -> tuple[Path, int]:
 
 def _trl(args, work: Path, policy: Path) -> list:
     """examples/trl_oar.py (OARGRPOTrainer, oar_g, 2 prompts x 8 completions, two steps) on the policy under
-    `accelerate launch` with FSDP: fsdp.yaml on one GPU (--tiny: cpu-fsdp-2proc-trl.yaml, two CPU ranks);
-    then with TRL's vLLM colocate generation when vLLM is installed. A row each: seconds, the example's
-    own line (steps, processes, peak GPU memory of rank 0)."""
+    `accelerate launch`: FSDP on one GPU, ZeRO-3 and FSDP + vLLM when installed (--tiny: FSDP on two CPU
+    ranks). A row each: seconds, the example's own line (steps, processes, peak GPU memory of rank 0)."""
     import subprocess
-
-    import yaml
 
     root = Path(__file__).resolve().parents[1]
     accelerate = root / "configs" / "accelerate"
-    file, ranks = accelerate / "cpu-fsdp-2proc-trl.yaml", 2
-    if not args.tiny:
-        file, ranks = work / "fsdp-one-gpu.yaml", 1
-        file.write_text(yaml.safe_dump({**yaml.safe_load((accelerate / "fsdp.yaml").read_text()), "num_processes": 1}))
+    runs = [("fsdp", accelerate / "cpu-fsdp-2proc-trl.yaml", 2, [])]
+    if not args.tiny:  # one GPU: fsdp.yaml; ZeRO-3 (through accelerate it needs a GPU) and vLLM when installed
+        runs = [(kind, _one_process(accelerate / f"{kind}.yaml", work), 1, []) for kind in ("fsdp", "deepspeed_zero3")
+                if kind == "fsdp" or _installed("deepspeed")]
+        runs += [("fsdp_vllm", runs[0][1], 1, ["--vllm"])] if _backend(args) == "vllm" else []
     rows = []
-    for vllm in ([False, True] if _backend(args) == "vllm" else [False]):
+    for kind, file, ranks, extra in runs:
         command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(file),
                    str(root / "examples" / "trl_oar.py"), "--model", str(policy), "--steps", "2",
-                   "--prompts-per-step", "2", "--out", str(work / f"trl-oar{'-vllm' if vllm else ''}")]
+                   "--prompts-per-step", "2", "--out", str(work / f"trl-oar-{kind}"), *extra]
         started = time.perf_counter()
-        launched = subprocess.run(command + (["--vllm"] if vllm else []), capture_output=True, text=True)
+        launched = subprocess.run(command, capture_output=True, text=True)
         if launched.returncode:
-            raise RuntimeError(f"examples/trl_oar.py under FSDP failed ({launched.returncode}):\n"
+            raise RuntimeError(f"examples/trl_oar.py under {kind} failed ({launched.returncode}):\n"
                                f"{launched.stderr[-3000:]}")
         line = next(x for x in launched.stdout.splitlines() if " steps in " in x)
-        rows.append((f"trl_fsdp_x{ranks}{'_vllm' if vllm else ''}", time.perf_counter() - started, float("nan"),
-                     {"trl": line}))
+        rows.append((f"trl_{kind}_x{ranks}", time.perf_counter() - started, float("nan"), {"trl": line}))
     return rows
+
+
+def _one_process(config: Path, work: Path) -> Path:
+    """`config` with num_processes 1, written into `work`."""
+    import yaml
+
+    file = work / f"{config.stem}-one-gpu.yaml"
+    file.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "num_processes": 1}))
+    return file
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def _weight_difference(one: Path, other: Path) -> float:

@@ -13,7 +13,10 @@ every rank holds whole) nothing is added: the same calls, the same bytes.
 
 Supported under a `CallSync`: the methods in SYNCED_METHODS. A phase must hold one kind of call
 (all no-grad forwards, or all OAR-G prefix batches), which is what makes the dummies interchangeable
-with the real calls of another rank.
+with the real calls of another rank. Who passes one (StageContext.call_sync): OARGRPOTrainer under
+FSDP1 / ZeRO-3. oarctl's own launched attribute stage holds a whole replica of the policy on every
+rank (distributed.py), so its calls are not collective and it passes none; a stage that shards the
+policy would pass one the same way.
 """
 from __future__ import annotations
 
