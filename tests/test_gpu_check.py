@@ -124,4 +124,4 @@ def test_tiny_runs_the_trl_part_under_fsdp_on_two_cpu_ranks(tmp_path):
     rows = _rows(result.stdout)
     assert list(rows) == ["trl_fsdp_x2"]
     assert "2 steps in" in rows["trl_fsdp_x2"] and "on 2 process(es), FSDP;" in rows["trl_fsdp_x2"]
-    assert (tmp_path / "trl-oar" / "step_0001" / "advantages.parquet").is_file()
+    assert (tmp_path / "trl-oar-fsdp" / "step_0001" / "advantages.parquet").is_file()
