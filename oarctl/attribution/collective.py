@@ -75,7 +75,8 @@ def fsdp_gathered(wrapped):
     """The model inside FSDP1's `wrapped` with every unit's full parameters, as a plain module: no call makes a
     collective, so ranks may make different numbers of calls. FSDP's wrappers of the inner units are taken out
     of the module tree meanwhile (their forwards would gather again) and put back after. Memory: a full copy
-    of the weights per rank, in their dtype, on top of the shards (~15 GB at 7B in bf16)."""
+    of the weights per rank on top of the shards, in full precision (FSDP1 gathers the fp32 master weights
+    even under mixed precision): ~30 GB at 7B."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     inner = wrapped.module

@@ -27,7 +27,8 @@ the shards: every process makes as many attribution calls as the busiest, padded
 taken with respect to the input embeddings only, so no parameter gradient and no reduce-scatter.
 `"gathered"` gathers the full weights on every process for the attribution (FSDP1
 summon_full_params, ZeRO-3 GatheredParameters): no padding, any method, but a full copy of the
-weights per GPU (~15 GB at 7B in bf16). Without CUDA an FSDP launch stays FSDP (gloo; accelerate
+weights per GPU (at 7B: ~15 GB in bf16 under ZeRO-3; ~30 GB under FSDP1, whose summon_full_params
+gathers full precision; `bench/scale.py --trl`). Without CUDA an FSDP launch stays FSDP (gloo; accelerate
 would run it as DDP), fp32 only, as oarctl's update stage does (`distributed.keep_fsdp_on_cpu`).
 Refused at construction (they cannot carry token advantages here): tools / environment_factory
 (tool turns inside the completion), vision-language models (attribution feeds token ids only),
