@@ -165,8 +165,8 @@ def test_oar_under_fsdp_gives_the_token_advantages_of_one_process(fsdp_trl_run, 
     assert len(one) == len(two) == 8
     for row, (a, b) in enumerate(zip(one, two)):
         assert a["response_token_ids"] == b["response_token_ids"]
-        np.testing.assert_allclose(b["token_advantages"], a["token_advantages"], rtol=1e-4, atol=1e-6,
-                                   err_msg=f"row {row}")
+        for column in ("token_weights", "token_advantages"):
+            np.testing.assert_allclose(b[column], a[column], rtol=1e-4, atol=1e-6, err_msg=f"{column}, row {row}")
     assert any(np.ptp(r["token_weights"]) > 0.1 for r in two)
     counts = [json.loads((fsdp_trl_run / f"counts-{rank}.json").read_text()) for rank in (0, 1)]
     assert any(mine < most for rank in counts for mine, most in rank)  # a rank padded its calls
