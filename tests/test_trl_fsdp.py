@@ -1,5 +1,5 @@
 """Attribution on sharded weights (oarctl/attribution/collective.py) and OARGRPOTrainer under FSDP1, on 2 CPU
-processes (gloo): padded attribution gives the scores of one process with ranks holding different numbers
+processes (gloo; the trainer also under FSDP2): padded attribution gives the scores of one process with ranks holding different numbers
 and lengths of responses, without a parameter gradient, under FSDP1 and DeepSpeed ZeRO-3; the same with the
 FSDP weights gathered; an unpadded rank makes the launch fail; `uniform` under FSDP is stock TRL under
 FSDP; OAR-G / OAR-P spans under FSDP give the token advantages of one process; the example runs under the
@@ -126,12 +126,12 @@ def test_a_rank_that_skips_its_dummy_calls_makes_the_launch_fail(tiny_policy, tm
 
 # ---- 2 ranks, FSDP1: OARGRPOTrainer -----------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def fsdp_trl_run(tiny_policy, signal_data, tmp_path_factory) -> Path:
-    """tests/trl_fsdp_worker.py once under cpu-fsdp-2proc-trl.yaml (~40-90 s): four short trainings."""
-    out = tmp_path_factory.mktemp("trl-fsdp")
+@pytest.fixture(scope="module", params=["cpu-fsdp-2proc-trl", "cpu-fsdp2-2proc-trl"], ids=["fsdp1", "fsdp2"])
+def fsdp_trl_run(request, tiny_policy, signal_data, tmp_path_factory) -> Path:
+    """tests/trl_fsdp_worker.py once under FSDP1, once under FSDP2 (~30-90 s each): four short trainings."""
+    out = tmp_path_factory.mktemp(f"trl-{request.param}")
     launched = _run([str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
-                     str(ROOT / "configs" / "accelerate" / "cpu-fsdp-2proc-trl.yaml"), "--main_process_port",
+                     str(ROOT / "configs" / "accelerate" / f"{request.param}.yaml"), "--main_process_port",
                      str(_free_port()), str(TESTS / "trl_fsdp_worker.py"), str(tiny_policy), str(signal_data["train"]),
                      str(out)], timeout=300)
     assert launched.returncode == 0, launched.stderr[-3000:]

@@ -59,15 +59,22 @@ def dummy_forward(model) -> None:
 
 
 def input_embeddings(model, ids: torch.Tensor) -> torch.Tensor:
-    """The input embeddings of `ids`, looked up outside the model's forward. Under FSDP1 the embedding weight
+    """The input embeddings of `ids`, looked up outside the model's forward. Under FSDP the embedding weight
     is only this rank's shard between forwards: gather the root unit's parameters (embeddings, final norm,
-    output layer; not the decoder layers) for the lookup, a collective like a forward."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    output layer; not the decoder layers) for the lookup, a collective like a forward (FSDP1:
+    summon_full_params without recursion; FSDP2: the root's unshard / reshard)."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
-    if not isinstance(model, FullyShardedDataParallel):
-        return model.get_input_embeddings()(ids)
-    with FullyShardedDataParallel.summon_full_params(model, recurse=False, writeback=False):
-        return model.get_input_embeddings()(ids)
+    if isinstance(model, FullyShardedDataParallel):
+        with FullyShardedDataParallel.summon_full_params(model, recurse=False, writeback=False):
+            return model.get_input_embeddings()(ids)
+    if isinstance(model, FSDPModule):
+        model.unshard()
+        try:
+            return model.get_input_embeddings()(ids)
+        finally:
+            model.reshard()
+    return model.get_input_embeddings()(ids)
 
 
 @contextlib.contextmanager

@@ -20,19 +20,19 @@ one that generated (TRL's current weights), as in oarctl.
 Processes: each process attributes its own completions. A completion's OAR-G noise is seeded by
 (args.seed, global step, its row in the global batch), and OAR-G batches never mix prompts, so token
 advantages do not depend on the number of processes as long as a process holds whole groups.
-Sharded weights (FSDP1, DeepSpeed ZeRO-3): forwards are collective, and each process has its own
+Sharded weights (FSDP1, FSDP2, DeepSpeed ZeRO-3): forwards are collective, and each process has its own
 number and lengths of completions. `attribution_params="sharded"` (the default) runs attribution on
 the shards: every process makes as many attribution calls as the busiest, padded with dummy calls
 (`attribution/collective.py`), for the methods in collective.SYNCED_METHODS; OAR-G's gradient is
 taken with respect to the input embeddings only, so no parameter gradient and no reduce-scatter.
 `"gathered"` gathers the full weights on every process for the attribution (FSDP1
-summon_full_params, ZeRO-3 GatheredParameters): no padding, any method, but a full copy of the
+summon_full_params, ZeRO-3 GatheredParameters; not FSDP2): no padding, any method, but a full copy of the
 weights per GPU (at 7B: ~15 GB in bf16 under ZeRO-3; ~30 GB under FSDP1, whose summon_full_params
 gathers full precision; `bench/scale.py --trl`). Without CUDA an FSDP launch stays FSDP (gloo; accelerate
 would run it as DDP), fp32 only, as oarctl's update stage does (`distributed.keep_fsdp_on_cpu`).
 Refused at construction (they cannot carry token advantages here): tools / environment_factory
 (tool turns inside the completion), vision-language models (attribution feeds token ids only),
-FSDP2 (untested: fsdp_version 1 only).
+attribution_params="gathered" under FSDP2.
 """
 from __future__ import annotations
 
@@ -141,8 +141,10 @@ class OARGRPOTrainer(GRPOTrainer):
         if self._is_vlm:
             raise OarError("processing_class: OARGRPOTrainer attributes text-only models (the attribution "
                            "forward passes feed token ids, no images)")
-        if self.is_fsdp_enabled and self.accelerator.state.fsdp_plugin.fsdp_version != 1:
-            raise OarError("fsdp_version: OARGRPOTrainer runs under FSDP1 (fsdp_version: 1); FSDP2 is not tested")
+        if self.is_fsdp_enabled and self.accelerator.state.fsdp_plugin.fsdp_version != 1 and \
+                self.attribution_params == "gathered":
+            raise OarError("attribution_params: 'gathered' needs FSDP1 (fsdp_version: 1); under FSDP2 attribution "
+                           "runs on the shards ('sharded')")
         method = self.oar.attribute.method
         if self._call_sync() is not None and method not in SYNCED_METHODS:
             raise OarError(f"attribute.method: {method!r} does not pad its calls on sharded weights; use one of "
@@ -269,8 +271,8 @@ class OARGRPOTrainer(GRPOTrainer):
 
     @contextlib.contextmanager
     def _unwrapped_for_attribution(self):
-        """FSDP1 sharded: the FSDP root, whose forwards gather the shards (padded calls); FSDP1 gathered: the
-        plain model on full weights. Otherwise as TRL's own generation gets it (unwrapped; under ZeRO-3 the
+        """FSDP sharded: the FSDP root (FSDP2: the model itself), whose forwards gather the shards (padded
+        calls); FSDP1 gathered: the plain model on full weights. Otherwise as TRL's own generation gets it (unwrapped; under ZeRO-3 the
         weights gathered with attribution_params="gathered", else gathered layer by layer in each call)."""
         if self.is_fsdp_enabled and self.attribution_params == "sharded":
             yield self.model_wrapped
