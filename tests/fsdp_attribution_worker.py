@@ -128,6 +128,7 @@ def main(policy: str, out: str, mode: str) -> None:
     if rank == 0:
         with open(out, "w") as handle:
             json.dump(gathered, handle)
+    dist.barrier()  # no rank tears its connections down while the other still uses them (gloo aborts in C++)
     dist.destroy_process_group()
 
 

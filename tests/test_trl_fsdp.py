@@ -83,6 +83,19 @@ def test_padding_makes_the_planned_calls_plus_dummies_and_changes_no_score(tiny_
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_screened_oar_p_pads_each_of_its_two_phases(tiny_policy):
+    """oar_p_screened: an OAR-G phase (3 forwards a batch), then an OAR-P phase (1 a forward), each padded."""
+    model, tokenizer = _load(tiny_policy)
+    rows = RANK_ROWS[0] + RANK_ROWS[1]
+    plain, plain_calls = _forwards(model, lambda: scores(model, tokenizer, rows, None, ["oar_p_screened"]))
+    sync = ExtraCalls(extra=1)
+    padded, padded_calls = _forwards(model, lambda: scores(model, tokenizer, rows, sync, ["oar_p_screened"]))
+    for a, b in zip(plain["oar_p_screened"], padded["oar_p_screened"]):
+        np.testing.assert_array_equal(b, a)
+    batches, forwards = sync.planned
+    assert plain_calls == 3 * batches + forwards and padded_calls == plain_calls + 3 + 1
+
+
 # ---- 2 ranks, FSDP1: attribution on the shards ---------------------------------------------------------------
 
 def _launch_attribution(policy: Path, out: Path, mode: str, timeout: float) -> subprocess.CompletedProcess:

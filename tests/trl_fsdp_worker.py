@@ -77,7 +77,9 @@ def _train(base, policy: str, data: str, folder: Path, steps: int, **extra):
         model=policy, reward_funcs=boxed_reward, train_dataset=dataset(Path(data)),
         args=grpo_args(folder / "trl", per_device_train_batch_size=4, max_steps=steps, bf16=False), **extra)
     trainer.train()
-    assert trainer.is_fsdp_enabled and "FSDP" in type(trainer.model_wrapped).__name__  # FSDP1 or FSDP2
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    assert trainer.is_fsdp_enabled and isinstance(trainer.model_wrapped, (FullyShardedDataParallel, FSDPModule))
     return trainer
 
 
