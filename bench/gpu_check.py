@@ -25,6 +25,13 @@ loads on rank 0 only (fsdp_cpu_ram_efficient_loading: the other ranks start from
 FSDP's sync_module_states broadcasts the weights, a path CPU FSDP refuses): a wrong broadcast shows
 as a large weight difference.
 
+Part `trl` (issue 29): examples/trl_oar.py, TRL's GRPOTrainer with OAR-G (`OARGRPOTrainer`), on the
+random-init policy under `accelerate launch` with FSDP on one GPU (fsdp.yaml, one process): two steps
+of 2 prompts x 8 completions, attribution on the shards with padded calls; then under DeepSpeed ZeRO-3
+(deepspeed_zero3.yaml, when deepspeed is installed: never run on a CPU, accelerate needs a GPU for it)
+and, with vLLM installed, under FSDP with TRL's vLLM colocate generation. --tiny: FSDP on two CPU ranks
+(cpu-fsdp-2proc-trl.yaml).
+
 Part `twostep` (issue 15): one RL step (sample, verify, attribute oar_g, reshape, update), then the
 next on the checkpoint that update wrote, in this process as `oarctl run` chains them: after each
 sample the engines rest (`rest_generation_engines`: asleep on a GPU), and the second sample must
@@ -62,7 +69,7 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_
             intermediate_size=128, vocab_size=1000, max_position_embeddings=512, rope_theta=1e4)
 
 
-PARTS = ("step", "long", "twostep")
+PARTS = ("step", "long", "twostep", "trl")
 
 
 def _arguments(argv: list[str] | None = None):
@@ -74,7 +81,8 @@ def _arguments(argv: list[str] | None = None):
     parser.add_argument("--tokens", type=int, default=256, help="sample.max_new_tokens")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS,
                         help="step: one sampled RL step; long: long-response attribution and update; "
-                             "twostep: two RL steps in a row, the vLLM engine kept between them")
+                             "twostep: two RL steps in a row, the vLLM engine kept between them; "
+                             "trl: OARGRPOTrainer (examples/trl_oar.py) under FSDP, two steps")
     parser.add_argument("--backend", default="auto", choices=["auto", "vllm", "transformers"],
                         help="sampling backend (auto: vLLM when installed)")
     parser.add_argument("--long-tokens", type=int, default=2048, help="part long: response tokens")
@@ -386,6 +394,49 @@ def _fsdp_launcher(args, work: Path) -> tuple[Path, int]:
     return file, ranks
 
 
+def _trl(args, work: Path, policy: Path) -> list:
+    """examples/trl_oar.py (OARGRPOTrainer, oar_g, 2 prompts x 8 completions, two steps) on the policy under
+    `accelerate launch`: FSDP on one GPU, ZeRO-3 and FSDP + vLLM when installed (--tiny: FSDP on two CPU
+    ranks). A row each: seconds, the example's own line (steps, processes, peak GPU memory of rank 0)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    accelerate = root / "configs" / "accelerate"
+    runs = [("fsdp", accelerate / "cpu-fsdp-2proc-trl.yaml", 2, [])]
+    if not args.tiny:  # one GPU: fsdp.yaml; ZeRO-3 (through accelerate it needs a GPU) and vLLM when installed
+        runs = [(kind, _one_process(accelerate / f"{kind}.yaml", work), 1, []) for kind in ("fsdp", "deepspeed_zero3")
+                if kind == "fsdp" or _installed("deepspeed")]
+        runs += [("fsdp_vllm", runs[0][1], 1, ["--vllm"])] if _backend(args) == "vllm" else []
+    rows = []
+    for kind, file, ranks, extra in runs:
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(file),
+                   str(root / "examples" / "trl_oar.py"), "--model", str(policy), "--steps", "2",
+                   "--prompts-per-step", "2", "--out", str(work / f"trl-oar-{kind}"), *extra]
+        started = time.perf_counter()
+        launched = subprocess.run(command, capture_output=True, text=True)
+        if launched.returncode:
+            raise RuntimeError(f"examples/trl_oar.py under {kind} failed ({launched.returncode}):\n"
+                               f"{launched.stderr[-3000:]}")
+        line = next(x for x in launched.stdout.splitlines() if " steps in " in x)
+        rows.append((f"trl_{kind}_x{ranks}", time.perf_counter() - started, float("nan"), {"trl": line}))
+    return rows
+
+
+def _one_process(config: Path, work: Path) -> Path:
+    """`config` with num_processes 1, written into `work`."""
+    import yaml
+
+    file = work / f"{config.stem}-one-gpu.yaml"
+    file.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "num_processes": 1}))
+    return file
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def _weight_difference(one: Path, other: Path) -> float:
     """The largest absolute difference between two checkpoints' weights, however many files each has."""
     from oarctl.checkpoints import read_weights
@@ -420,6 +471,8 @@ def _note(name: str, seconds: float, metrics: dict) -> str:
                 f"{metrics.get('weight_files', '?')} weight files written by the ranks in turn; {io}")
     if "agreement" in metrics:
         return metrics["agreement"]
+    if "trl" in metrics:
+        return metrics["trl"]
     if "responses" in metrics:
         return f"{metrics['responses']} responses, {seconds / metrics['responses']:.2f} s each"
     return ""
@@ -447,7 +500,7 @@ def _run_parts(args, work: Path, policy: Path) -> tuple[float, list[str]]:
     print(f"{'stage':<40} {'seconds':>8} {'peak GiB':>9}  notes", flush=True)
     for part in args.parts:  # in the order given
         try:
-            rows = {"step": _step, "long": _long, "twostep": _two_steps}[part](args, work, policy)
+            rows = {"step": _step, "long": _long, "twostep": _two_steps, "trl": _trl}[part](args, work, policy)
         except Exception:  # noqa: BLE001 - a GPU check reports every failure and goes on
             traceback.print_exc()
             failed.append(part)

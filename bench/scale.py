@@ -213,6 +213,22 @@ def fsdp_state_bytes(s: Shape, gpus: int) -> float:
     return 16 * parameters(s) / gpus
 
 
+def trl_attribution_weight_bytes(s: Shape, gpus: int) -> dict[str, float]:
+    """Weight bytes per GPU while OARGRPOTrainer attributes (activations: as the attribute stage's), with
+    fp32 master weights, gradients and AdamW (16 P) and bf16 compute weights:
+    - DDP: every GPU holds all of it: 16 P;
+    - FSDP / ZeRO-3 on the shards (attribution_params="sharded", padded calls): 16 P / G, plus the units
+      gathered at once: the root unit in fp32 for the embedding lookup (FSDP1 summon_full_params gathers
+      full precision; V H, x2 untied) and two decoder layers in bf16 (one running, one prefetched):
+      16 P / G + 4 V H (2 untied) + 2 x 2 N_layer;
+    - FSDP1 gathered (summon_full_params, full precision): 16 P / G + 4 P;
+    - ZeRO-3 gathered (GatheredParameters of the bf16 partitions): 16 P / G + 2 P."""
+    params, embeddings = parameters(s), s.vocab * s.hidden * (1 if s.tied else 2)
+    shards = fsdp_state_bytes(s, gpus)
+    return {"ddp": 16 * params, "sharded": shards + 4 * embeddings + 2 * 2 * layer_matmul_params(s),
+            "fsdp_gathered": shards + 4 * params, "zero3_gathered": shards + 2 * params}
+
+
 def roofline_seconds(flops, hbm_bytes, link_bytes, hw: Hardware, dtype: str):
     """A kernel's time: max(F / peak, bytes / HBM bandwidth, link bytes / NVLink bandwidth) / efficiency."""
     return np.maximum(np.maximum(np.asarray(flops) / hw.peak(dtype), np.asarray(hbm_bytes) / (hw.hbm_tbps * 1e12)),
@@ -1172,6 +1188,13 @@ def against_measured(log: Path, hw: Hardware, prompt: int, response: int) -> lis
     return lines
 
 
+def print_trl_memory(shape: Shape, gpus: int) -> None:
+    print(f"OARGRPOTrainer attribution, {shape.name} ({parameters(shape) / 1e9:.2f} B parameters) on {gpus} GPUs: "
+          f"weight bytes per GPU (PREDICTED; formulas in trl_attribution_weight_bytes)")
+    for mode, held in trl_attribution_weight_bytes(shape, gpus).items():
+        print(f"  {mode:<15} {held / GB:7.1f} GB")
+
+
 # ---- main ----------------------------------------------------------------------------------------
 
 def parse(argv=None):
@@ -1205,6 +1228,8 @@ def parse(argv=None):
                              "prediction for one GPU (use --tflops/--hbm-tbps of that GPU)")
     parser.add_argument("--measured-lengths", type=int, nargs=2, default=[12, 2036], metavar=("PROMPT", "RESPONSE"),
                         help="prompt and response tokens of gpu_check's long rows")
+    parser.add_argument("--trl", action="store_true", help="only OARGRPOTrainer's weight memory per GPU while it "
+                                                          "attributes, per mode (--shape, default 7b; --gpus)")
     parser.add_argument("--calibrate", action="store_true",
                         help="also run the CPU calibration (~30-60 s): measured vs predicted FLOPs and kept bytes")
     return parser.parse_args(argv)
@@ -1216,6 +1241,9 @@ def main(argv=None) -> int:
     _IO.update(disk=args.disk_gbps, hash=args.hash_gbps)
     hw = Hardware(args.gpus, args.tflops, args.fp32_tflops, args.memory_gb, args.hbm_tbps, args.nvlink_gbps,
                   args.efficiency, args.overhead_gb)
+    if args.trl:
+        print_trl_memory(SHAPES[args.shape or "7b"], args.gpus)
+        return 0
     if args.measured:
         print(f"bench/scale.py against {args.measured} (measured there; predicted here for 1 GPU of "
               f"{args.tflops:.0f} bf16 TFLOPS, {args.hbm_tbps} TB/s at efficiency {args.efficiency}; 'reached': "

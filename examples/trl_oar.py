@@ -5,6 +5,12 @@
     oarctl report runs/trl-oar                      # curves + token-credit heatmaps -> runs/trl-oar/report.html
     oarctl show runs/trl-oar/step_0019/advantages.parquet --row 0
 
+Sharded, as a 7B full fine-tune needs (attribution pads its calls so every process makes as many):
+
+    accelerate launch --config_file configs/accelerate/cpu-fsdp-2proc-trl.yaml examples/trl_oar.py --steps 2
+    accelerate launch --config_file configs/accelerate/fsdp.yaml examples/trl_oar.py            # GPUs
+    accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml examples/trl_oar.py # GPUs
+
 Everything but `attribution=` and `oar_log_dir=` is plain TRL: swap in your model, dataset, reward and
 GRPOConfig. The dataset is oarctl's generated arithmetic task; the reward is 1 when the last \\boxed{} equals
 the gold answer.
@@ -40,7 +46,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--method", default="oar_g", help="any oarctl attribution method (uniform = stock GRPO)")
     parser.add_argument("--out", default="runs/trl-oar")
+    parser.add_argument("--model", help="a transformers model folder or hub name (default: the toy policy)")
+    parser.add_argument("--vllm", action="store_true", help="generate with vLLM in colocate mode (TRL's use_vllm)")
     parser.add_argument("--prompts-per-step", type=int, default=16)
+    parser.add_argument("--gathered", action="store_true", help="FSDP / ZeRO-3: attribute on full weights gathered "
+                                                                    "on every process (a full copy per GPU)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a tiny model on shared cores "
                                                                 "runs many times slower with more)")
     options = parser.parse_args()
@@ -58,15 +68,26 @@ def main() -> None:
     args = GRPOConfig(output_dir=os.path.join(options.out, "trl"), max_steps=options.steps,
                       per_device_train_batch_size=options.prompts_per_step * group, num_generations=group,
                       max_completion_length=48, learning_rate=1e-4, temperature=1.0, logging_steps=5,
-                      save_strategy="no", report_to=[], use_cpu=True, bf16=False, seed=0)
-    trainer = OARGRPOTrainer(model=str(base_policy_dir()), reward_funcs=boxed_reward, args=args,
+                      save_strategy="no", report_to=[], use_cpu=not torch.cuda.is_available(),
+                      bf16=torch.cuda.is_available(), seed=0, use_vllm=options.vllm, vllm_mode="colocate")
+    trainer = OARGRPOTrainer(model=options.model or str(base_policy_dir()), reward_funcs=boxed_reward, args=args,
                              train_dataset=toy_dataset(options.prompts_per_step * options.steps, seed=0),
-                             attribution=options.method, oar_log_dir=options.out)
+                             attribution=options.method, oar_log_dir=options.out,
+                             attribution_params="gathered" if options.gathered else "sharded")
     started = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - started
-    print(f"{options.steps} steps in {seconds:.0f} s ({seconds / options.steps:.1f} s/step); "
-          f"artifacts: {options.out} (oarctl report {options.out})")
+    accelerator = trainer.accelerator
+    if accelerator.is_main_process:
+        print(f"{options.steps} steps in {seconds:.0f} s ({seconds / options.steps:.1f} s/step) on "
+              f"{accelerator.num_processes} process(es), {accelerator.distributed_type.value}; "
+              f"artifacts: {options.out} (oarctl report {options.out})" + _peak_memory())
+
+
+def _peak_memory() -> str:
+    import torch
+
+    return f"; peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if torch.cuda.is_available() else ""
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ def launched() -> bool:
     return "WORLD_SIZE" in os.environ or "ACCELERATE_MIXED_PRECISION" in os.environ
 
 
-def _fsdp_requested() -> bool:
+def fsdp_requested() -> bool:
+    """The launcher asked for FSDP (accelerate launch with an FSDP config)."""
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
@@ -42,10 +43,10 @@ def make_accelerator(bf16: bool = False):
         return Accelerator(mixed_precision="bf16" if bf16 else None)
     # without CUDA, ask for CPU: processes started by the MULTI_GPU launcher then use gloo. accelerate
     # refuses sync_module_states (which ram-efficient loading needs) on CPU: set it up here instead
-    ram_efficient = _fsdp_requested() and os.environ.get(_RAM_EFFICIENT, "false").lower() == "true"
+    ram_efficient = fsdp_requested() and os.environ.get(_RAM_EFFICIENT, "false").lower() == "true"
     with _environment({_RAM_EFFICIENT: "false", _SYNC_STATES: "false"} if ram_efficient else {}):
         accelerator = Accelerator(cpu=True, mixed_precision="bf16" if bf16 else None)
-        if _fsdp_requested():
+        if fsdp_requested():
             keep_fsdp_on_cpu(accelerator, ram_efficient)
     return accelerator
 

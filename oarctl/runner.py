@@ -60,6 +60,7 @@ class StageContext:
     progress: bool = False
     prompt_template: str = "chat"  # data.prompt_template, for the stages that build prompts
     output: Path | None = None  # where the runner writes the stage's output (set by run_cached)
+    call_sync: object = None  # a CallSync when the policy is sharded over ranks (attribution/collective.py)
 
 
 @dataclass

@@ -119,3 +119,14 @@ def test_the_report_shows_the_overhead_of_each_part():
     assert note("twostep2_update", 60.0, update) == "checkpoint written in 4.0 s, hashed in 1.5 s (2.00 GiB)"
     assert note("twostep engine", float("nan"), {"verdict": "engine NOT kept: built", "ok": False}) == \
         "FAILED: engine NOT kept: built"
+
+
+def test_tiny_runs_the_trl_part_under_fsdp_on_two_cpu_ranks(tmp_path):
+    """Part trl: examples/trl_oar.py on the random policy under accelerate's FSDP (here cpu-fsdp-2proc-trl.yaml;
+    on a GPU fsdp.yaml with one process, then with vLLM colocate generation when installed). ~40-80 s."""
+    result = _run("--tiny", "--workdir", tmp_path, "--parts", "trl")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = _rows(result.stdout)
+    assert list(rows) == ["trl_fsdp_x2"]
+    assert "2 steps in" in rows["trl_fsdp_x2"] and "on 2 process(es), FSDP;" in rows["trl_fsdp_x2"]
+    assert (tmp_path / "trl-oar-fsdp" / "step_0001" / "advantages.parquet").is_file()

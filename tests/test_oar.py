@@ -331,7 +331,7 @@ def test_registry_entries_score_every_response_token(model, tokenizer, method):
     responses = [encode(tokenizer, t) + [tokenizer.eos_token_id] for t in texts]
     table = pa.table({"prompt_token_ids": [prompt] * 2, "response_token_ids": responses,
                       "temperature": [1.0, 0.0]})
-    context = SimpleNamespace(seed=0, step=1, policy=SimpleNamespace(load=lambda: (model, tokenizer)))
+    context = SimpleNamespace(seed=0, step=1, policy=SimpleNamespace(load=lambda: (model, tokenizer)), call_sync=None)
     config = load_config(None, ["attribute.chunk_size=3"]).attribute
     scores = ATTRIBUTION_METHODS.get(method)(oar.segment_rows(table, tokenizer), table, config, context)
     for response, row in zip(responses, scores, strict=True):

@@ -220,3 +220,15 @@ def test_checkpoint_io_counts_every_loading_process():
     assert terms["the sampling process verifies them for its 8 engine(s), beside the load"] == (2 * P, 0.0)
     uniform = _setting("configs/qwen2.5-7b/grpo.yaml")
     assert not any("attribute" in name for name, _, _ in scale.checkpoint_io(uniform, HW, 3.0, 1.0, idle))
+
+def test_trl_attribution_memory_per_mode_follows_the_parameter_count():
+    """OARGRPOTrainer's modes (README's TRL section): on the shards a 7B fits 80 GB where DDP does not; the
+    gathered modes add a full copy of the weights (fp32 under FSDP1's summon_full_params, bf16 under ZeRO-3)."""
+    shape = scale.SHAPES["7b"]
+    params = scale.parameters(shape)
+    held = scale.trl_attribution_weight_bytes(shape, 8)
+    assert held["ddp"] == 16 * params > 80e9 > held["sharded"]
+    assert held["fsdp_gathered"] - held["zero3_gathered"] == 2 * params
+    assert held["zero3_gathered"] - 16 * params / 8 == 2 * params
+    shards_only = 16 * params / 8
+    assert 0 < held["sharded"] - shards_only < 2 * params / 2  # a few units: under half a bf16 copy

@@ -38,6 +38,7 @@ import torch
 
 from oarctl.attribution import ATTRIBUTION_METHODS, on_reasoning
 from oarctl.attribution import outcome
+from oarctl.attribution.collective import CallSync, dummy_forward, input_embeddings, padded_calls
 from oarctl.attribution.prefix import checkpointed_layers, frozen_prefix
 from oarctl.batching import fixed_size, token_budget
 from oarctl.attribution.segments import Segments, attributed_sequence, segment, sequence_spans
@@ -138,19 +139,36 @@ def perturbation_scores(model, input_ids: torch.Tensor, reasoning_span: Span, an
     return torch.cat(scores)
 
 
+def perturbation_calls(input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, spans: list[Span],
+                       mode: str = OAR_P_MODE, chunk_size: int = CHUNK_SIZE, max_batch_tokens: int = 0) -> int:
+    """The forwards `perturbation_scores` makes for these arguments: the clean one and one per chunk."""
+    end = _plan(input_ids, reasoning_span, answer_span, mode).end
+    return 1 + len(_perturbation_chunks(spans, end, chunk_size, max_batch_tokens))
+
+
+def token_spans(reasoning_span: Span) -> list[Span]:
+    """Every reasoning token on its own: exact OAR-P's perturbations."""
+    return [(t, t + 1) for t in range(*reasoning_span)]
+
+
 def oar_p(model, input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, mode: str = OAR_P_MODE,
           perturb_token_id: int | None = None, chunk_size: int = CHUNK_SIZE, max_batch_tokens: int = 0) -> torch.Tensor:
     """OAR-P importance (R,) of each reasoning token: KL(P || P^(t)), or phi - phi^(t), every token perturbed."""
-    spans = [(t, t + 1) for t in range(*reasoning_span)]
+    spans = token_spans(reasoning_span)
     return perturbation_scores(model, input_ids, reasoning_span, answer_span, spans, mode, perturb_token_id,
                                chunk_size, max_batch_tokens).float()
 
 
 def oar_p_batch(model, items: list[Item], mode: str = OAR_P_MODE, perturb_token_id: int | None = None,
-                chunk_size: int = CHUNK_SIZE, max_batch_tokens: int = 0) -> list[torch.Tensor]:
-    """OAR-P of several responses; the batch dimension is already filled by one response's chunk."""
-    return [oar_p(model, ids, reasoning, answer, mode, perturb_token_id, chunk_size, max_batch_tokens)
-            for ids, reasoning, answer in items]
+                chunk_size: int = CHUNK_SIZE, max_batch_tokens: int = 0,
+                sync: CallSync | None = None) -> list[torch.Tensor]:
+    """OAR-P of several responses; the batch dimension is already filled by one response's chunk. With
+    `sync` (a sharded model) every rank makes as many forwards as the busiest (collective.py)."""
+    calls = sum(perturbation_calls(ids, reasoning, answer, token_spans(reasoning), mode, chunk_size, max_batch_tokens)
+                for ids, reasoning, answer in items)
+    with padded_calls(sync, calls, lambda: dummy_forward(model)):
+        return [oar_p(model, ids, reasoning, answer, mode, perturb_token_id, chunk_size, max_batch_tokens)
+                for ids, reasoning, answer in items]
 
 
 # ---- OAR-G and entropy: right-padded batches -----------------------------------------------------
@@ -252,7 +270,7 @@ def _oar_g_chunk(model, items: list[Item], plans: list[_Plan], noise_std: float,
     with torch.no_grad():
         teachers = [outcome.outcome_from_logits(logits, p.mode, p.answer_ids)
                     for logits, p in zip(outcome_logits(input_ids=ids), plans)]
-    embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)  # (B, S, H) leaf
+    embeds = input_embeddings(model, ids).detach().requires_grad_(True)  # (B, S, H) leaf
     noise = _noise(plans, spans, embeds.shape, noise_std, seeds).to(embeds.device, embeds.dtype)
     noisy = outcome_logits(inputs_embeds=embeds + noise)
     objective = sum(outcome.importance(teacher, outcome.outcome_from_logits(logits, p.mode, p.answer_ids), p.mode).sum()
@@ -262,25 +280,43 @@ def _oar_g_chunk(model, items: list[Item], plans: list[_Plan], noise_std: float,
     return [saliency[row, start:end].float().cpu() for row, (start, end) in enumerate(spans)]
 
 
+def _dummy_oar_g_chunk(model, mode: str, noise_std: float) -> None:
+    """An OAR-G batch of one 3-token sequence (prompt, reasoning, answer token): the calls of a real batch."""
+    ids = torch.zeros(3, dtype=torch.long)
+    item = (ids, (1, 2), (2, 3))
+    _oar_g_chunk(model, [item], [_plan(*item, mode)], noise_std, [0])
+
+
+def _check_prefixes(items: list[Item], plans: list[_Plan]) -> None:
+    """Under a CallSync every batch must make the calls of the dummy, a shared-prefix forward included."""
+    if any(_shared_prefix_length(item, plan) == 0 for item, plan in zip(items, plans)):
+        raise ValueError("OAR-G on a sharded model needs a prompt before every response (a prefix forward per batch)")
+
+
 def oar_g_batch(model, items: list[Item], mode: str = OAR_G_MODE, noise_std: float = NOISE_STD,
                 seeds: list[int] | None = None, batch_size: int = BATCH_SIZE, max_batch_tokens: int = 0,
-                gradient_checkpointing: bool = False) -> list[torch.Tensor]:
+                gradient_checkpointing: bool = False, sync: CallSync | None = None) -> list[torch.Tensor]:
     """OAR-G of several responses, up to `batch_size` (and max_batch_tokens) per forward/backward;
     response i uses `seeds[i]`. With gradient_checkpointing each layer is recomputed in the backward.
 
     Responses that share a prefix (a group of samples of one prompt) are batched together and the
-    prefix runs once: the scores are those of each response alone, up to float tolerance.
+    prefix runs once: the scores are those of each response alone, up to float tolerance. With `sync`
+    (a sharded model) every rank runs as many batches as the busiest, padded with dummy ones.
     """
     seeds = list(range(len(items))) if seeds is None else list(seeds)
     if len(seeds) != len(items):
         raise ValueError(f"{len(seeds)} seeds for {len(items)} responses")
     plans = [_plan(ids, reasoning, answer, mode) for ids, reasoning, answer in items]
+    if sync is not None:
+        _check_prefixes(items, plans)
     scores: list[torch.Tensor | None] = [None] * len(items)
+    batches = _prefix_batches(items, plans, batch_size, max_batch_tokens)
     was_training = model.training
     model.eval()
     try:
-        with checkpointed_layers(model, gradient_checkpointing):
-            for members in _prefix_batches(items, plans, batch_size, max_batch_tokens):
+        with checkpointed_layers(model, gradient_checkpointing), \
+                padded_calls(sync, len(batches), lambda: _dummy_oar_g_chunk(model, mode, noise_std)):
+            for members in batches:
                 chunk = _oar_g_chunk(model, [items[i] for i in members], [plans[i] for i in members], noise_std,
                                      [seeds[i] for i in members])
                 for index, score in zip(members, chunk):
@@ -356,7 +392,7 @@ def oar_p_method(rollouts: list[Rollout], table, config, context) -> list[np.nda
     """OAR-P: KL (or answer log-likelihood drop) when a reasoning token is replaced by the pad token."""
     model, tokenizer = context.policy.load()
     scores = oar_p_batch(model, items(rollouts), config.oar_p_mode, tokenizer.pad_token_id, config.chunk_size,
-                         config.max_batch_tokens)
+                         config.max_batch_tokens, context.call_sync)
     return [on_reasoning(r, s.numpy()) for r, s in zip(rollouts, scores)]
 
 
@@ -371,7 +407,7 @@ def oar_g_scores(model, rollouts: list[Rollout], config, context) -> list[torch.
     """OAR-G of the rollouts as the attribute config asks (the cheap OAR-P variants rank by it too)."""
     seeds = [row_seed(context.seed, context.step, r.row) for r in rollouts]
     return oar_g_batch(model, items(rollouts), config.oar_g_mode, config.noise_std, seeds, config.batch_size,
-                       config.max_batch_tokens, config.gradient_checkpointing)
+                       config.max_batch_tokens, config.gradient_checkpointing, context.call_sync)
 
 
 @ATTRIBUTION_METHODS.register("entropy")

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from oarctl.attribution import ATTRIBUTION_METHODS, on_reasoning
-from oarctl.attribution.oar import Rollout, items, oar_g_scores, perturbation_scores, row_seed
+from oarctl.attribution.collective import dummy_forward, padded_calls
+from oarctl.attribution.oar import Rollout, items, oar_g_scores, perturbation_calls, perturbation_scores, row_seed
 
 Span = tuple[int, int]
 
@@ -88,6 +89,14 @@ def place_below(exact: dict[int, float], top: np.ndarray, saliency: np.ndarray) 
     return scores
 
 
+def _measured(reasoning: Span, saliency: torch.Tensor, config,
+              seed: int) -> tuple[np.ndarray, np.ndarray, list[Span]]:
+    """(top, audit, the spans perturbed): what oar_p_screened measures exactly in one response."""
+    top, audit = screened_positions(saliency.double().numpy(), config, seed)
+    measured = np.union1d(top, audit)
+    return top, audit, [(reasoning[0] + int(i), reasoning[0] + int(i) + 1) for i in measured]
+
+
 def screened_scores(model, item, saliency: torch.Tensor, config, perturb_token_id: int,
                     seed: int) -> tuple[torch.Tensor, float]:
     """oar_p_screened of one response: (scores (R,), audit miss rate or NaN without an audit)."""
@@ -95,9 +104,8 @@ def screened_scores(model, item, saliency: torch.Tensor, config, perturb_token_i
     if reasoning[1] == reasoning[0]:
         return torch.zeros(0), float("nan")
     ranking = saliency.double().numpy()
-    top, audit = screened_positions(ranking, config, seed)
+    top, audit, spans = _measured(reasoning, saliency, config, seed)
     measured = np.union1d(top, audit)
-    spans = [(reasoning[0] + int(i), reasoning[0] + int(i) + 1) for i in measured]
     values = perturbation_scores(model, input_ids, reasoning, answer, spans, config.oar_p_mode, perturb_token_id,
                                  config.chunk_size, config.max_batch_tokens).numpy()
     exact = {int(i): float(v) for i, v in zip(measured, values)}
@@ -111,13 +119,25 @@ def _pad_id(context) -> int:
     return context.policy.load()[1].pad_token_id
 
 
+def _perturbation_forwards(item, spans: list[Span], config) -> int:
+    """Forwards `perturbation_scores` makes for one response (none for an empty reasoning, never scored)."""
+    input_ids, reasoning, answer = item
+    if not spans:
+        return 0
+    return perturbation_calls(input_ids, reasoning, answer, spans, config.oar_p_mode, config.chunk_size,
+                              config.max_batch_tokens)
+
+
 @ATTRIBUTION_METHODS.register("oar_p_span")
 def oar_p_span_method(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
     """OAR-P on windows of span_tokens tokens, each window's score spread over its tokens."""
     model, _ = context.policy.load()
     saliencies = oar_g_scores(model, rollouts, config, context) if config.span_spread == "oar_g" else [None] * len(rollouts)
-    return [on_reasoning(r, span_scores(model, item, saliency, config, _pad_id(context)).numpy())
-            for r, item, saliency in zip(rollouts, items(rollouts), saliencies)]
+    calls = sum(_perturbation_forwards(item, windows(item[1], config.span_tokens, config.max_perturbations), config)
+                for item in items(rollouts))
+    with padded_calls(context.call_sync, calls, lambda: dummy_forward(model)):
+        return [on_reasoning(r, span_scores(model, item, saliency, config, _pad_id(context)).numpy())
+                for r, item, saliency in zip(rollouts, items(rollouts), saliencies)]
 
 
 @ATTRIBUTION_METHODS.register("oar_p_screened")
@@ -125,9 +145,9 @@ def oar_p_screened_method(rollouts: list[Rollout], table, config, context) -> li
     """Exact OAR-P on the tokens OAR-G ranks highest (plus an audit sample); OAR-G's order below them."""
     model, _ = context.policy.load()
     saliencies = oar_g_scores(model, rollouts, config, context)
-    results = []
-    for r, item, saliency in zip(rollouts, items(rollouts), saliencies):
-        seed = row_seed(context.seed, context.step, r.row) + 1  # the audit's stream, not the noise's
-        scores, _ = screened_scores(model, item, saliency, config, _pad_id(context), seed)
-        results.append(on_reasoning(r, scores.numpy()))
-    return results
+    seeds = [row_seed(context.seed, context.step, r.row) + 1 for r in rollouts]  # the audit's stream, not the noise's
+    calls = sum(_perturbation_forwards(item, _measured(item[1], saliency, config, seed)[2], config)
+                for item, saliency, seed in zip(items(rollouts), saliencies, seeds))
+    with padded_calls(context.call_sync, calls, lambda: dummy_forward(model)):
+        return [on_reasoning(r, screened_scores(model, item, saliency, config, _pad_id(context), seed)[0].numpy())
+                for r, item, saliency, seed in zip(rollouts, items(rollouts), saliencies, seeds)]

@@ -22,15 +22,25 @@ the rows of one `compute_loss` call).
 Processes: each process attributes its own completions. A completion's OAR-G noise is seeded by
 (args.seed, global step, its row in the global batch), and OAR-G batches never mix prompts, so token
 advantages do not depend on the number of processes as long as a process holds whole groups.
+Sharded weights (FSDP1, FSDP2, DeepSpeed ZeRO-3): forwards are collective, and each process has its own
+number and lengths of completions. `attribution_params="sharded"` (the default) runs attribution on
+the shards: every process makes as many attribution calls as the busiest, padded with dummy calls
+(`attribution/collective.py`), for the methods in collective.SYNCED_METHODS; OAR-G's gradient is
+taken with respect to the input embeddings only, so no parameter gradient and no reduce-scatter.
+`"gathered"` gathers the full weights on every process for the attribution (FSDP1
+summon_full_params, ZeRO-3 GatheredParameters; not FSDP2): no padding, any method, but a full copy of the
+weights per GPU (at 7B: ~15 GB in bf16 under ZeRO-3; ~30 GB under FSDP1, whose summon_full_params
+gathers full precision; `bench/scale.py --trl`). Without CUDA an FSDP launch stays FSDP (gloo; accelerate
+would run it as DDP), fp32 only, as oarctl's update stage does (`distributed.keep_fsdp_on_cpu`).
 Refused at construction (they cannot carry token advantages here): tools / environment_factory
 (tool turns inside the completion), vision-language models (attribution feeds token ids only),
-FSDP and DeepSpeed ZeRO-3 without ds3_gather_for_generation (their forwards are collective, and
-processes run different numbers of attribution forwards).
+attribution_params="gathered" under FSDP2.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -40,9 +50,11 @@ import pyarrow as pa
 import torch
 
 from oarctl.attribution import ATTRIBUTION_METHODS
+from oarctl.attribution.collective import SYNCED_METHODS, CallSync, fsdp_gathered
 from oarctl.attribution.oar import segment_rows
 from oarctl.attribution.rows import rows_to_score
 from oarctl.config import AttributeConfig, Config, ReshapeConfig, set_option, validate
+from oarctl.distributed import fsdp_requested, keep_fsdp_on_cpu
 from oarctl.errors import OarError
 from oarctl.integrations.trl_log import StepLog, check_trl_version
 from oarctl.reshaping import batch_response_weights, concentration_metrics
@@ -113,9 +125,13 @@ class OARGRPOTrainer(GRPOTrainer):
     """GRPOTrainer with OAR token advantages. `attribution`: an oarctl method name or a dict of attribute /
     reshape options (see `oar_config`); `oar_log_dir`: write oarctl's advantages artifact per step."""
 
-    def __init__(self, *args, attribution="oar_g", oar_log_dir: str | None = None, **kwargs):
+    def __init__(self, *args, attribution="oar_g", oar_log_dir: str | None = None, attribution_params: str = "sharded",
+                 **kwargs):
         _refuse_options(kwargs)
         oar = oar_config(attribution)  # a bad option fails before TRL loads the model
+        if attribution_params not in ("sharded", "gathered"):
+            raise OarError(f"attribution_params: expected 'sharded' or 'gathered', got {attribution_params!r}")
+        self.attribution_params = attribution_params
         super().__init__(*args, **kwargs)
         oar.run.seed = self.args.seed  # seeds OAR-G's noise, as run.seed does in `oarctl run`
         self.oar = oar
@@ -127,13 +143,28 @@ class OARGRPOTrainer(GRPOTrainer):
         if self._is_vlm:
             raise OarError("processing_class: OARGRPOTrainer attributes text-only models (the attribution "
                            "forward passes feed token ids, no images)")
-        if self.is_fsdp_enabled:
-            raise OarError("fsdp: OARGRPOTrainer does not run under FSDP (each process runs its own number of "
-                           "attribution forwards, FSDP's are collective); use DDP or DeepSpeed")
+        if self.is_fsdp_enabled and self.accelerator.state.fsdp_plugin.fsdp_version != 1 and \
+                self.attribution_params == "gathered":
+            raise OarError("attribution_params: 'gathered' needs FSDP1 (fsdp_version: 1); under FSDP2 attribution "
+                           "runs on the shards ('sharded')")
+        method = self.oar.attribute.method
+        if self._call_sync() is not None and method not in SYNCED_METHODS:
+            raise OarError(f"attribute.method: {method!r} does not pad its calls on sharded weights; use one of "
+                           f"{', '.join(SYNCED_METHODS)}, or attribution_params='gathered'")
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        keep_trainer_fsdp_on_cpu(self)
+
+    def _zero3(self) -> bool:
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
-        if plugin is not None and plugin.zero_stage == 3 and not self.args.ds3_gather_for_generation:
-            raise OarError("ds3_gather_for_generation: must be True with ZeRO-3 under OARGRPOTrainer (attribution "
-                           "forwards run on gathered weights, a different number on each process)")
+        return plugin is not None and plugin.zero_stage == 3
+
+    def _call_sync(self) -> CallSync | None:
+        """A CallSync when attribution runs on sharded weights (its forwards are collective), else None."""
+        if self.attribution_params == "sharded" and (self.is_fsdp_enabled or self._zero3()):
+            return CallSync(self.accelerator.device)
+        return None
 
     # ---- capture what TRL computes, then replace the advantages ----------------------------------
 
@@ -214,32 +245,47 @@ class OARGRPOTrainer(GRPOTrainer):
         """Raw scores per response token; rows not scored (skip_uniform_groups) are NaN: weight 1."""
         rollouts, scored = batch["rollouts"], batch["scored"]
         scores = [np.full(r.response_length, np.nan, dtype=np.float32) for r in rollouts]
-        if not scored:
+        sync = self._call_sync()
+        if not scored and sync is None:  # on sharded weights a process without rows still pads its calls
             return scores
         method = ATTRIBUTION_METHODS.get(self.oar.attribute.method)
         with contextlib.ExitStack() as stack:
             policy = _LivePolicy(lambda: stack.enter_context(self._attribution_model()), self.processing_class)
-            context = StageContext(seed=self.args.seed, step=self.state.global_step, policy=policy)
-            for row, values in zip(scored, method([rollouts[i] for i in scored], batch["table"].take(scored),
-                                                  self.oar.attribute, context)):
+            context = StageContext(seed=self.args.seed, step=self.state.global_step, policy=policy, call_sync=sync)
+            table = batch["table"].take(pa.array(scored, pa.int64()))  # typed: `scored` may be empty
+            for row, values in zip(scored, method([rollouts[i] for i in scored], table, self.oar.attribute, context)):
                 scores[row] = np.asarray(values, dtype=np.float32)
         return scores
 
     @contextlib.contextmanager
     def _attribution_model(self):
-        """The policy as TRL's own generation gets it (unwrapped, ZeRO-3 weights gathered), in eval mode and in
-        its weights' dtype; methods take gradients only with respect to embeddings (torch.autograd.grad)."""
-        settings = self.args
-        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                         gather_deepspeed3_params=settings.ds3_gather_for_generation,
-                                         gradient_checkpointing_kwargs=settings.gradient_checkpointing_kwargs) as model:
+        """The policy in eval mode and in its weights' dtype; methods take gradients only with respect to
+        embeddings (torch.autograd.grad)."""
+        with self._unwrapped_for_attribution() as model:
             was_training = model.training
             model.eval()
             try:
-                with _without_autocast(model):
+                with _without_autocast(self.accelerator.unwrap_model(model)):
                     yield model
             finally:
                 model.train(was_training)
+
+    @contextlib.contextmanager
+    def _unwrapped_for_attribution(self):
+        """FSDP sharded: the FSDP root (FSDP2: the model itself), whose forwards gather the shards (padded
+        calls); FSDP1 gathered: the plain model on full weights. Otherwise as TRL's own generation gets it (unwrapped; under ZeRO-3 the
+        weights gathered with attribution_params="gathered", else gathered layer by layer in each call)."""
+        if self.is_fsdp_enabled and self.attribution_params == "sharded":
+            yield self.model_wrapped
+        elif self.is_fsdp_enabled:
+            with fsdp_gathered(self.model_wrapped) as model:
+                yield model
+        else:
+            with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                             gather_deepspeed3_params=self.attribution_params == "gathered",
+                                             gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs
+                                             ) as model:
+                yield model
 
     def _slowest(self, seconds: float) -> float:
         """The step waits for the slowest process."""
@@ -289,6 +335,21 @@ def _without_autocast(model):
     finally:
         if wrapper is not None:
             model.forward = wrapper
+
+
+def keep_trainer_fsdp_on_cpu(trainer) -> None:
+    """An FSDP launch without CUDA stays FSDP (gloo) instead of accelerate's DDP, as in oarctl's update: call at
+    the end of `create_accelerator_and_postprocess` (OARGRPOTrainer does; a stock GRPOTrainer compared with it
+    can too). Rank 0-only loading (fsdp_cpu_ram_efficient_loading) is a GPU feature: refused here."""
+    if trainer.is_fsdp_enabled or not fsdp_requested() or torch.cuda.is_available():
+        return
+    if os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "false").lower() == "true":
+        raise OarError("fsdp_cpu_ram_efficient_loading: set it false for FSDP without CUDA (every process reads the "
+                       "policy; configs/accelerate/cpu-fsdp-2proc-trl.yaml)")
+    if trainer.accelerator.mixed_precision != "no":
+        raise OarError("bf16: FSDP without CUDA runs in fp32 only: set GRPOConfig(bf16=False, fp16=False)")
+    keep_fsdp_on_cpu(trainer.accelerator)
+    trainer.is_fsdp_enabled = True
 
 
 def _refuse_options(kwargs: dict) -> None:
