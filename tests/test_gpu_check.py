@@ -90,7 +90,7 @@ def _gpu_check():
 
 def test_every_part_runs_by_default_and_twostep_can_be_chosen_alone():
     gpu_check = _gpu_check()
-    assert gpu_check._arguments([]).parts == ["step", "long", "twostep"]
+    assert gpu_check._arguments([]).parts == ["step", "long", "twostep", "trl"]
     assert gpu_check._arguments(["--parts", "twostep"]).parts == ["twostep"]
     with pytest.raises(SystemExit):
         gpu_check._arguments(["--parts", "three"])
