@@ -24,12 +24,24 @@ PARALLEL=${PARALLEL:-2}         # runs at a time, one torch thread each
 FIDELITY_SAMPLE=${FIDELITY_SAMPLE:-32}   # the oracle regenerates every reasoning token (93 s for 32 here)
 FIDELITY_METHODS=${FIDELITY_METHODS:-truth,mc_value,oar_p,oar_p_span,oar_g,entropy,random}
 OARCTL=${OARCTL:-oarctl}
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 OUT STEPS PROMPTS HELDOUT EVAL_EVERY OARCTL
+# A folder (committed) that keeps each finished run's metrics.jsonl and config.yaml: a later session, whose
+# clone has no runs/, takes them from there instead of training those runs again (docs/results.md)
+KEEP=${KEEP:-}
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 OUT STEPS PROMPTS HELDOUT EVAL_EVERY OARCTL KEEP
 case " $METHODS " in *" uniform "*) ;; *) echo "METHODS must include uniform (the baseline of every pair)" >&2; exit 2 ;; esac
 mkdir -p "$OUT"
 
+finished() {  # RUN_DIR: its metrics hold the final evaluation
+  grep -s '"kind": "eval"' "$1/metrics.jsonl" | grep -q "\"after_steps\": $STEPS,"
+}
+export -f finished
+
 one_run() {  # METHOD SEED
-  local method=$1 seed=$2 extra=() base="$OUT/uniform-s$2/eval"
+  local method=$1 seed=$2 extra=() base="$OUT/uniform-s$2/eval" run="$OUT/$1-s$2"
+  if [ -n "$KEEP" ] && ! finished "$run" && finished "$KEEP/$method-s$seed"; then
+    mkdir -p "$run" && cp "$KEEP/$method-s$seed/metrics.jsonl" "$KEEP/$method-s$seed/config.yaml" "$run/"
+  fi
+  if finished "$run"; then echo "$method seed $seed: finished before"; return 0; fi
   case $method in
     truth_q75) extra=(--set attribute.method=truth --set reshape.quantile=0.75) ;;  # label 0 at the floor
     uniform_lr3x) extra=(--set attribute.method=uniform --set update.learning_rate=1.5e-3) ;;  # control: a bigger step
@@ -41,7 +53,9 @@ one_run() {  # METHOD SEED
   # The base policy's evaluation has the same cache key in every run of a seed (same policy, prompts,
   # options and seed): take uniform's (queued before) instead of computing it again.
   if [ "$method" != uniform ] && [ ! -e "$OUT/$method-s$seed/eval" ]; then
-    for _ in $(seq 600); do [ -f "$base/base.parquet.manifest.json" ] && break; sleep 1; done
+    for _ in $(seq 600); do  # a kept uniform run (metrics only) has no evaluation to share
+      { [ -f "$base/base.parquet.manifest.json" ] || finished "$OUT/uniform-s$seed"; } && break; sleep 1
+    done
     if [ -f "$base/base.parquet.manifest.json" ]; then
       mkdir -p "$OUT/$method-s$seed/eval" && cp "$base/base.parquet" "$base/base.parquet.manifest.json" "$OUT/$method-s$seed/eval/"
     fi
@@ -54,6 +68,9 @@ one_run() {  # METHOD SEED
     --set evaluate.samples=1 --set "evaluate.pass_k=[1]" --set run.group="$method" "${extra[@]}" > "$OUT/$method-s$seed.log" 2>&1 \
     || { echo "$method seed $seed FAILED: $(tail -n 1 "$OUT/$method-s$seed.log")"; return 255; }
   echo "$(date +%T) $method seed $seed: $(tail -n 1 "$OUT/$method-s$seed.log")"
+  if [ -n "$KEEP" ]; then
+    mkdir -p "$KEEP/$method-s$seed" && cp "$run/metrics.jsonl" "$run/config.yaml" "$KEEP/$method-s$seed/"
+  fi
 }
 export -f one_run
 

@@ -18,7 +18,8 @@ def test_tiny_experiment_pairs_seeds_on_one_heldout_set(tmp_path):
     out = tmp_path / "exp"
     env = {**os.environ, "OUT": str(out), "OARCTL": str(wrapper), "SEEDS": "0 1", "METHODS": "uniform truth", "CEILING_SEEDS": "",
            "STEPS": "2", "PROMPTS": "2", "HELDOUT": "8", "EVAL_EVERY": "0", "FIDELITY_SAMPLE": "2",
-           "FIDELITY_METHODS": "truth,random", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+           "FIDELITY_METHODS": "truth,random", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "KEEP": str(tmp_path / "kept")}
     result = subprocess.run(["bash", str(REPO / "scripts" / "experiment.sh")], env=env, capture_output=True,
                             text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -38,5 +39,17 @@ def test_tiny_experiment_pairs_seeds_on_one_heldout_set(tmp_path):
     assert "| truth | 2 |" in table
     fidelity = (out / "fidelity.md").read_text()
     assert "truth" in fidelity and "random" in fidelity
+    # every finished run is kept (metrics and config): a clone without runs/ picks them up instead of training
+    for run in ("uniform-s0", "uniform-s1", "truth-s0", "truth-s1"):
+        assert (tmp_path / "kept" / run / "metrics.jsonl").read_bytes() == (out / run / "metrics.jsonl").read_bytes()
+        assert (tmp_path / "kept" / run / "config.yaml").is_file()
+    import shutil
+
+    shutil.rmtree(out / "truth-s1")  # as in a fresh clone: the run is gone, its kept metrics are not
+    again = subprocess.run(["bash", str(REPO / "scripts" / "experiment.sh")], env=env, capture_output=True,
+                           text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "truth seed 1: finished before" in again.stdout and not (out / "truth-s1" / "step_0000").exists()
+    assert "| truth | 2 |" in (out / "compare.md").read_text()
     cost = table.split("Seconds per step by stage")[1]
     assert "| uniform |" in cost and "| truth |" in cost
