@@ -123,8 +123,9 @@ def bilevel_weights(
     """Bi-Level weights for one span of scores (section 5 of docs/method.md).
 
     n = normalize(clean(s)), log1p then min-max by default (or `rank`, SCORE_NORMALIZERS);
-    tau = np.quantile(n, quantile) with numpy's default "linear" interpolation (type 7, position (R - 1) * q between the sorted values; the paper
-    does not say, the reference code calls np.quantile with the same default);
+    tau = np.quantile(n, quantile) with numpy's default "linear" interpolation (type 7, position
+    (R - 1) * q between the sorted values; the paper does not say, the reference code calls
+    np.quantile with the same default);
     w = max(n / tau, floor) if n < tau else 1 + beta * (n - tau) / (1 - tau); then, with
     preserve_mass, w * R / sum(w). All-equal cleaned scores (including a span of one token)
     give all ones. The mapping is monotone: a higher score never gets a lower weight.

@@ -106,7 +106,8 @@ def test_class_values_by_hand():
     assert counts_and_aucs == (1, 2, 4, 1.0, 1.0)
     weights = bilevel_weights(scores)  # tau = 0: label 0 keeps 1, label 1 gets 1 + beta, then mass preserved
     summary = class_summary([scores], [classes], ReshapeConfig())
-    assert summary["weight_earlier"] == pytest.approx(weights[1]) and summary["weight_free"] == pytest.approx(weights[3])
+    assert summary["weight_earlier"] == pytest.approx(weights[1])
+    assert summary["weight_free"] == pytest.approx(weights[3])
     assert summary["earlier_free_ratio"] == pytest.approx(2.0)
     flat = class_summary([np.ones(8)], [classes], ReshapeConfig())
     assert flat["earlier_free_ratio"] == 1.0 and flat["auc_earlier"] == 0.5
@@ -117,7 +118,8 @@ def test_cli_fidelity_reports_credit_by_class(cli, tiny_config, tiny_policy, tmp
 
     write_parquet(make_table(chains_columns(tokenizer), "rollouts"), tmp_path / "rollouts.parquet")
     config = tiny_config(verify={"method": "boxed"}, fidelity={"max_new_tokens": 8, "ks": [0.5]})
-    assert cli("verify", tmp_path / "rollouts.parquet", "-o", tmp_path / "verified.parquet", "-c", config).exit_code == 0
+    verified = cli("verify", tmp_path / "rollouts.parquet", "-o", tmp_path / "verified.parquet", "-c", config)
+    assert verified.exit_code == 0
     output = tmp_path / "fidelity.parquet"
     result = cli("fidelity", tmp_path / "verified.parquet", "-o", output, "-c", config,
                  "--methods", "truth,truth_last,uniform")
@@ -152,7 +154,8 @@ def test_quantile_carry_weights_follow_the_batch_order():
     np.testing.assert_array_equal(alone[0], carried[0])
     assert not np.allclose(alone[1], carried[1])
     classes = [np.array([2, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0], dtype=np.int8)] * 3
-    assert class_summary(scores, classes, carry)["weight_free"] != class_summary(scores, classes, ReshapeConfig())["weight_free"]
+    plain = class_summary(scores, classes, ReshapeConfig())
+    assert class_summary(scores, classes, carry)["weight_free"] != plain["weight_free"]
 
 
 def test_later_options_join_cache_keys_only_when_set():

@@ -115,8 +115,8 @@ def flow_scores(model, input_ids: torch.Tensor, reasoning_span: Span, answer_spa
     device, end_reasoning = model.device, reasoning_span[1]
     ids = input_ids[:plan.end].to(device).unsqueeze(0)
     clean = model.get_decoder()(input_ids=ids, use_cache=True)
-    clean_outcome = outcome.outcome_from_logits(_projected(model, clean.last_hidden_state[:, plan.positions.to(device)]),
-                                                plan.mode, plan.answer_ids)
+    at_outcome = clean.last_hidden_state[:, plan.positions.to(device)]
+    clean_outcome = outcome.outcome_from_logits(_projected(model, at_outcome), plan.mode, plan.answer_ids)
     start = reasoning_span[0]
     clean_log_probs = _token_log_probs(model, clean.last_hidden_state[:, start:end_reasoning - 1],
                                        ids[:, start + 1:end_reasoning])[0].cpu().numpy()  # s = start+1 .. end-1
@@ -130,8 +130,8 @@ def flow_scores(model, input_ids: torch.Tensor, reasoning_span: Span, answer_spa
             suffix[row, a - first:b - first] = pad
         prefix = frozen_prefix(clean.past_key_values, model.config, first, rows=rows)
         hidden = _decode(model, input_ids=suffix, past_key_values=prefix, use_cache=prefix is not None)
-        changed = outcome.outcome_from_logits(_projected(model, hidden[:, (plan.positions - first).to(device)]), plan.mode,
-                                              plan.answer_ids)
+        at_outcome = hidden[:, (plan.positions - first).to(device)]
+        changed = outcome.outcome_from_logits(_projected(model, at_outcome), plan.mode, plan.answer_ids)
         answer = outcome.importance(clean_outcome, changed, plan.mode).cpu().numpy()  # (rows,)
         log_probs = _token_log_probs(model, hidden[:, :end_reasoning - 1 - first],
                                      suffix[:, 1:end_reasoning - first]).cpu().numpy()  # s = first+1 .. end-1
