@@ -62,24 +62,9 @@ def scored(methods: list[str], rollouts, table, config, context) -> tuple[dict, 
 
 def rule_scores(rollouts, config, context, span: bool) -> dict:
     """oar_flow's credit under every propagation rule, from one pass of the engine."""
-    import numpy as np
-    import torch
+    from oarctl.attribution.flow import FLOW_RULES, flow_method_scores
 
-    from oarctl.attribution.flow import FLOW_RULES, flow_scores, flow_units
-    from oarctl.attribution.oar import items
-    from oarctl.attribution.oar_p_cheap import spread
-
-    model, tokenizer = context.policy.load()
-    rules = tuple(FLOW_RULES.names())
-    per_rule = {rule: [] for rule in rules}
-    for input_ids, reasoning, answer in items(rollouts):
-        units = flow_units(reasoning, config.attribute, span)
-        credit = flow_scores(model, input_ids, reasoning, answer, units, config.attribute.oar_p_mode,
-                             tokenizer.pad_token_id, config.attribute.chunk_size, config.attribute.max_batch_tokens,
-                             rules)
-        for rule in rules:
-            tokens = spread(torch.from_numpy(credit[rule]), units, reasoning[0], None, reasoning[1] - reasoning[0])
-            per_rule[rule].append(tokens.numpy().astype(np.float32))
+    per_rule = flow_method_scores(rollouts, config.attribute, context, span, tuple(FLOW_RULES.names()))
     name = "oar_flow_span" if span else "oar_flow"
     return {f"{name} ({rule})": scores for rule, scores in per_rule.items()}
 

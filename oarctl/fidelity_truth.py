@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from oarctl.fidelity import recall_at_k
-from oarctl.reshaping import carried_bilevel_weights
+from oarctl.reshaping import bilevel_weights, carried_bilevel_weights
 from oarctl.toy.truth import QUERY_STEP, token_classes
 
 TRUTH_COLUMNS = ("truth_tokens", "truth_hits", "truth_recall", "truth_auc")
@@ -35,10 +35,9 @@ CLASS_COLUMNS = ("query_tokens", "earlier_tokens", "free_tokens", "truth_auc_que
 
 def reasoning_labels(table, rollouts) -> list[np.ndarray] | None:
     """The token_truth labels over each rollout's reasoning span, or None when the table has none."""
-    if "token_truth" not in table.column_names:
-        return None
-    return [np.asarray(labels[r.segments.reasoning[0]:r.segments.reasoning[1]], dtype=np.int8)
-            for labels, r in zip(table["token_truth"].to_pylist(), rollouts)]
+    from oarctl.attribution.ground_truth import reasoning_truth
+
+    return reasoning_truth(rollouts, table, "truth") if "token_truth" in table.column_names else None
 
 
 def reasoning_classes(table, rollouts, tokenizer) -> list[np.ndarray] | None:
@@ -54,8 +53,6 @@ def reasoning_classes(table, rollouts, tokenizer) -> list[np.ndarray] | None:
 def reshaped(scores: list[np.ndarray], reshape) -> list[np.ndarray]:
     """The Bi-Level weights of each rollout's reasoning scores under a ReshapeConfig; with quantile_carry,
     in the rollouts' order, as the released code's batch loop (and the reshape stage) computes them."""
-    from oarctl.reshaping import bilevel_weights
-
     spans = [np.asarray(s, dtype=np.float64) for s in scores]
     if reshape.quantile_carry:
         return carried_bilevel_weights(spans, reshape.quantile, reshape.beta, reshape.floor, reshape.preserve_mass,

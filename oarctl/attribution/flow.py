@@ -153,26 +153,32 @@ def flow_units(reasoning: Span, config, span: bool) -> list[Span]:
     return windows(reasoning, config.span_tokens, config.max_perturbations)
 
 
-def flow_method_scores(rollouts: list[Rollout], config, context, span: bool) -> list[np.ndarray]:
-    """Per rollout, one float32 score per reasoning token (a window's credit spread evenly over it)."""
+def flow_method_scores(rollouts: list[Rollout], config, context, span: bool,
+                       rules: tuple[str, ...] | None = None) -> dict[str, list[np.ndarray]]:
+    """{rule: per rollout, one float32 score per reasoning token} (a window's credit spread evenly over
+    it), for `rules` (default: config.flow_rule) from one pass of the engine."""
     model, tokenizer = context.policy.load()
-    scores = []
+    rules = rules or (config.flow_rule,)
+    scores = {rule: [] for rule in rules}
     for input_ids, reasoning, answer in items(rollouts):
         units = flow_units(reasoning, config, span)
         credit = flow_scores(model, input_ids, reasoning, answer, units, config.oar_p_mode, tokenizer.pad_token_id,
-                             config.chunk_size, config.max_batch_tokens, (config.flow_rule,))[config.flow_rule]
-        scores.append(spread(torch.from_numpy(credit), units, reasoning[0], None,
-                             reasoning[1] - reasoning[0]).numpy().astype(np.float32))
+                             config.chunk_size, config.max_batch_tokens, rules)
+        for rule in rules:
+            scores[rule].append(spread(torch.from_numpy(credit[rule]), units, reasoning[0], None,
+                                       reasoning[1] - reasoning[0]).numpy().astype(np.float32))
     return scores
 
 
 @ATTRIBUTION_METHODS.register("oar_flow")
 def oar_flow(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
     """Propagated OAR-P: a token's credit is its strongest chain of effects to the answer."""
-    return [on_reasoning(r, s) for r, s in zip(rollouts, flow_method_scores(rollouts, config, context, span=False))]
+    scores = flow_method_scores(rollouts, config, context, span=False)[config.flow_rule]
+    return [on_reasoning(r, s) for r, s in zip(rollouts, scores)]
 
 
 @ATTRIBUTION_METHODS.register("oar_flow_span")
 def oar_flow_span(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
     """oar_flow over oar_p_span's windows (attribute.span_tokens), each window's credit spread evenly."""
-    return [on_reasoning(r, s) for r, s in zip(rollouts, flow_method_scores(rollouts, config, context, span=True))]
+    scores = flow_method_scores(rollouts, config, context, span=True)[config.flow_rule]
+    return [on_reasoning(r, s) for r, s in zip(rollouts, scores)]
