@@ -36,29 +36,11 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from verify import load_table  # noqa: F401  (the labelled tables' reader lives beside their other user)
+
 HERE = Path(__file__).resolve().parent
 TABLE = HERE / "data" / "graders_labelled.jsonl"
 HELD_OUT = HERE / "data" / "graders_heldout.jsonl"
-COLUMNS = {"kind", "response", "gold", "equal"}
-
-
-def load_table(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise SystemExit(f"error: {path}: no such labelled table")
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise SystemExit(f"error: {path}:{number}: not JSON ({error.msg})") from None
-        if not isinstance(row, dict) or set(row) - {"source"} != COLUMNS:
-            raise SystemExit(f"error: {path}:{number}: expected kind, response, gold, equal (and an optional source)")
-        rows.append(row)
-    return rows
-
-
 def math_verify_grader(responses: list[str], golds: list[str]) -> list[bool]:
     import math_verify
 

@@ -172,14 +172,33 @@ def _tail(text: str, width: int = 60) -> str:
     return text if len(text) <= width else "..." + text[-(width - 3):]
 
 
+# the labelled tables of bench/graders.py: kind, response, gold, equal (and an optional source)
+COLUMNS = {"kind", "response", "gold", "equal"}
+
+
+def load_table(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise SystemExit(f"error: {path}: no such labelled table")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise SystemExit(f"error: {path}:{number}: not JSON ({error.msg})") from None
+        if not isinstance(row, dict) or set(row) - {"source"} != COLUMNS:
+            raise SystemExit(f"error: {path}:{number}: expected kind, response, gold, equal (and an optional source)")
+        rows.append(row)
+    return rows
+
+
 def answer_set(args) -> tuple[list[str], list[str], list[str], str]:
     """(responses, golds, kinds, a description): the MATH-500 rollout set, or a labelled table."""
     if args.table is None:
         problems = load_problems(args.data, args.problems)
         described = f"{len(problems)} MATH-500 problems x {args.group} responses"
         return (*build_set(problems, args.group, args.seed), described)
-    from graders import load_table  # bench/ is this script's folder, hence on sys.path
-
     rows = load_table(args.table)
     return [r["response"] for r in rows], [r["gold"] for r in rows], [r["kind"] for r in rows], args.table.name
 
