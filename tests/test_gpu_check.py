@@ -1,5 +1,5 @@
-"""bench/gpu_check.py: the CPU-runnable parts (--tiny), its report of the engine-reuse check on given
-metrics, and its fail-fast message without CUDA."""
+"""bench/gpu_check.py (its parts in bench/gpu_parts/): the CPU-runnable parts (--tiny), its report of the
+engine-reuse check on given metrics, and its fail-fast message without CUDA."""
 from __future__ import annotations
 
 import json
@@ -14,6 +14,11 @@ import torch
 from oarctl.checkpoints import policy_identity
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+sys.path.insert(0, str(SCRIPT.parents[1]))
+
+from bench import gpu_check  # noqa: E402
+from bench.gpu_parts.rows import note  # noqa: E402
+from bench.gpu_parts.twostep import engine_reuse_verdict  # noqa: E402
 
 
 def _run(*args, timeout=300):
@@ -81,15 +86,7 @@ def test_tiny_runs_two_steps_in_a_row_and_says_the_engine_check_is_skipped_witho
     assert sampled["inputs"]["policy"] == policy_identity(first / "policy") and sampled["step"] == 1
 
 
-def _gpu_check():
-    sys.path.insert(0, str(SCRIPT.parents[1]))
-    from bench import gpu_check
-
-    return gpu_check
-
-
 def test_every_part_runs_by_default_and_twostep_can_be_chosen_alone():
-    gpu_check = _gpu_check()
     assert gpu_check._arguments([]).parts == ["step", "long", "twostep", "trl"]
     assert gpu_check._arguments(["--parts", "twostep"]).parts == ["twostep"]
     with pytest.raises(SystemExit):
@@ -101,7 +98,7 @@ REUSED = {"responses": 128, "response_length_mean": 200.0, "engine": "reloaded",
 
 
 def test_the_engine_verdict_passes_only_an_in_place_reload_that_passed_the_canary():
-    verdict = _gpu_check().engine_reuse_verdict
+    verdict = engine_reuse_verdict
     assert verdict("vllm", REUSED) == (True, "engine kept: new weights loaded in place in 3.2 s, canary 0.04 s")
     ok, line = verdict("vllm", {**REUSED, "engine": "built"})
     assert not ok and line.startswith("engine NOT kept: built")
@@ -111,7 +108,6 @@ def test_the_engine_verdict_passes_only_an_in_place_reload_that_passed_the_canar
 
 
 def test_the_report_shows_the_overhead_of_each_part():
-    note = _gpu_check()._note
     assert note("twostep2_sample", 10.0, REUSED) == \
         "25600 tokens, 2560 tokens/s; engine reloaded (3.2 s), canary 0.04 s"
     assert note("sample", 10.0, {"responses": 2, "response_length_mean": 5.0}) == "10 tokens, 1 tokens/s"

@@ -9,7 +9,7 @@ import numpy as np
 
 from oarctl.config import Config
 
-from bench import gpu_check  # (its part long's knobs; imports no torch)
+from bench.gpu_parts.long import LONG_BUDGET, LONG_CHUNK, LONG_METHODS, long_attribute_knobs  # (no torch)
 from bench.scaling.attribute import attribute_stage
 from bench.scaling.cost import Cost
 from bench.scaling.formulas import parameters, trl_attribution_weight_bytes
@@ -20,8 +20,8 @@ from bench.scaling.setting import Setting, apply_overrides
 
 # bench/gpu_check.py's part long: its rows' methods and the attribute knobs it ran them with (its defaults)
 GPU_CHECK_LONG = {f"long_attribute_{method}": (method, extra)
-                  for method, extra in {**gpu_check.LONG_METHODS, "oar_p": []}.items()}
-GPU_CHECK_KNOBS = gpu_check.long_attribute_knobs(gpu_check.LONG_BUDGET, gpu_check.LONG_CHUNK)
+                  for method, extra in {**LONG_METHODS, "oar_p": []}.items()}
+GPU_CHECK_KNOBS = long_attribute_knobs(LONG_BUDGET, LONG_CHUNK)
 
 
 def one_gpu_attribute(shape: Shape, hw: Hardware, method: str, rows: int, group: int, prompt: int, response: int,
