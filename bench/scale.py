@@ -24,15 +24,14 @@ What a prediction assumes (all printed at the top of a run):
   the seconds: they add to every stage but attribute, so the attribute shares printed are upper bounds.
 
 The formulas are the small functions of bench/scaling/formulas.py, each with its formula in its
-docstring. --calibrate checks two of them on CPU against a
-random-init Qwen2 of the 7B's proportions scaled down: the forward FLOPs (torch's FlopCounterMode)
-and the bytes per token per layer that OAR-G's backward keeps (saved-tensor hooks, without and
-with gradient checkpointing).
+docstring. --calibrate (bench/scaling/calibration.py) checks two of them on CPU against a random-init
+Qwen2 of the 7B's proportions scaled down: the forward FLOPs (torch's FlopCounterMode) and the bytes
+per token per layer that OAR-G's backward keeps (saved-tensor hooks, without and with gradient
+checkpointing).
 
 This file is the command; the arithmetic lives in bench/scaling/, one module a topic (its __init__.py
-lists them): the formulas in bench/scaling/formulas.py, the model shapes and hardware in model.py, the
-stages' costs in stages.py and attribute.py, the checkpoint I/O in checkpoint_io.py, the printed report in
-report.py, the calibration in calibration.py.
+lists them): model shapes and hardware in model.py, the stages' costs in stages.py and attribute.py,
+the checkpoint I/O in checkpoint_io.py, the printed report in report.py.
 """
 from __future__ import annotations
 
