@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK, HEADER = 32768, 7
@@ -18,6 +19,8 @@ def records(path: Path):
     from wandb.proto import wandb_internal_pb2
 
     data = Path(path).read_bytes()
+    if len(data) < HEADER:  # not written yet
+        return
     assert data[:4] == b":W&B", f"{path}: not a wandb run file"
     position, pending = HEADER, b""
     while position + HEADER <= len(data):
@@ -26,6 +29,8 @@ def records(path: Path):
             position += left
             continue
         _crc, length, kind = struct.unpack("<IHB", data[position:position + HEADER])
+        if position + HEADER + length > len(data):  # the writer is still on this record
+            return
         chunk = data[position + HEADER:position + HEADER + length]
         position += HEADER + length
         if kind == 0:
@@ -37,11 +42,20 @@ def records(path: Path):
             yield record
 
 
-def offline_history(folder: Path) -> list[list[dict]]:
-    """One list of history rows ({metric: value}) per offline run under `folder`, oldest run first."""
-    runs = []
-    for path in sorted(Path(folder).rglob("offline-run-*/run-*.wandb")):
-        runs.append([{item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                      for item in record.history.item}
-                     for record in records(path) if record.WhichOneof("record_type") == "history"])
-    return runs
+def offline_history(folder: Path, wait: float = 60.0) -> list[list[dict]]:
+    """One list of history rows ({metric: value}) per offline run under `folder`, oldest run first.
+
+    wandb's service is a separate process: `run.finish()` can return before it has written the run
+    file's last records. Wait (up to `wait` seconds) until every run file holds its exit record, so a
+    busy machine does not read a file half-written (a missing row then fails the caller's assertion).
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        paths = sorted(Path(folder).rglob("offline-run-*/run-*.wandb"))
+        runs = [list(records(path)) for path in paths]
+        complete = paths and all(any(r.WhichOneof("record_type") == "exit" for r in run) for run in runs)
+        if complete or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return [[{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+             for record in run if record.WhichOneof("record_type") == "history"] for run in runs]
