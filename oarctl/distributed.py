@@ -141,20 +141,22 @@ def process_state():
     return PartialState(cpu=not torch.cuda.is_available())
 
 
-def rank(state) -> int:
-    """This process's rank; 0 without a launcher (`state` None). `state`: a PartialState or an Accelerator."""
-    return 0 if state is None else state.process_index
+def rank() -> int:
+    """This process's rank: the one answer to "which rank am I" in oarctl. The launcher's RANK (accelerate
+    and torchrun set it; it is the Accelerator's `process_index`), 0 in a plain process."""
+    return int(os.environ.get("RANK", "0"))
 
 
-def world_size(state) -> int:
-    return 1 if state is None else state.num_processes
+def world_size() -> int:
+    """How many ranks the launcher started (WORLD_SIZE), 1 in a plain process."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def on_rank_zero(state, read):
     """`read()` on rank 0 only; an OarError there is raised on every rank (else the others would wait
     forever in the next collective)."""
     result, message = None, None
-    if state.is_main_process:
+    if rank() == 0:
         try:
             result = read()
         except OarError as error:
@@ -170,8 +172,8 @@ def raise_on_every_rank(problem: str | None, state) -> None:
     """Raise OarError(the first rank's problem) on every rank when any rank has one (call on every rank),
     so no rank waits forever in the next collective."""
     problems = [problem]
-    if world_size(state) > 1:  # else no process group may exist (one process, bf16 under an Accelerator)
-        problems = [None] * world_size(state)
+    if world_size() > 1:  # else no process group may exist (one process, bf16 under an Accelerator)
+        problems = [None] * world_size()
         torch.distributed.all_gather_object(problems, problem)
     first = next((p for p in problems if p is not None), None)
     if first is not None:
@@ -189,7 +191,7 @@ def checked_beside(files: dict, state):
 
     share: dict = {}
     everything = [(directory, name) for directory, names in files.items() for name in names]
-    for directory, name in everything[rank(state)::world_size(state)]:
+    for directory, name in everything[rank()::world_size()]:
         share.setdefault(directory, []).append(name)
     check = BackgroundCheck(share)
     try:
@@ -205,9 +207,9 @@ def checked_beside(files: dict, state):
 def gather_to_rank_zero(value, state) -> list | None:
     """[value of rank 0, value of rank 1, ...] on rank 0, None on the others (pickled Python objects:
     meant for results, e.g. scores, not for weights). Call on every rank."""
-    if world_size(state) == 1:
+    if world_size() == 1:
         return [value]
-    gathered = [None] * world_size(state) if state.is_main_process else None
+    gathered = [None] * world_size() if rank() == 0 else None
     torch.distributed.gather_object(value, gathered, dst=0)
     return gathered
 

@@ -22,6 +22,7 @@ from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
 from oarctl.checkpoints import (HASHING, READING, WRITE_HASHING, load_policy, load_tokenizer, policy_identity,
                                 replace_directory, save_policy, sha256_file)
 from oarctl.config import UpdateConfig
+from oarctl.distributed import rank
 from oarctl.errors import InputError, OarError
 from oarctl.policy.canary import write_reference
 
@@ -118,11 +119,6 @@ def sweep_dead_temporaries(folder: Path) -> None:
             _remove_if_dead(leftover)
 
 
-def is_main_process() -> bool:
-    """Under `accelerate launch` every rank runs the stage; only rank 0 touches the output files."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def manifest_path(output: Path) -> Path:
     return output.with_name(output.name + ".manifest.json")
 
@@ -177,7 +173,7 @@ def write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, out
     manifest = {"stage": parts["stage"], "key": _canonical_hash(parts), "key_parts": parts,
                 "output_sha256": output_hash, "metrics": metrics, "wall_seconds": round(seconds, 3),
                 "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    if not is_main_process():
+    if not rank() == 0:
         return manifest  # rank 0 writes it
     path = manifest_path(output)
     temporary = temporary_sibling(path)
@@ -241,7 +237,7 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
         return read_manifest(output), False
     inputs = {name: read_artifact(path, stage.inputs[name]) for name, path in input_paths.items()}
     log(f"[{stage.name}] {output} ({reason})")
-    if is_main_process():
+    if rank() == 0:
         manifest_path(output).unlink(missing_ok=True)  # the old output is no longer vouched for
         remove_dead_temporaries(output)
         shutil.rmtree(temporary_sibling(output), ignore_errors=True)  # this process's own, from a failed try
@@ -251,7 +247,7 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
     except InputError as error:  # a problem of one row of the input: name the file
         raise OarError(f"{' + '.join(map(str, input_paths.values()))}: {error}") from None
     load_io = _load_io(hashed, read) if stage.output_kind == "policy" else {}
-    output_hash, io = _write_outputs(stage, result, output) if is_main_process() else (None, {})
+    output_hash, io = _write_outputs(stage, result, output) if rank() == 0 else (None, {})
     if stage.output_kind == "policy":
         io["policy_ready_seconds"] = round(time.perf_counter() - started, 3)  # from here on it may be sampled
     if result.after_commit is not None:

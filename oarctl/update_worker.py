@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from oarctl.artifacts import write_bytes_atomically
+from oarctl.distributed import rank
 from oarctl.errors import OarError
 from oarctl.launch import READY_FILE, release_cuda_cache
-from oarctl.runner import is_main_process
 
 REQUEST = "request.json"
 
@@ -60,6 +60,6 @@ def serve(folder: Path, config, log) -> None:
             answer = {"ok": True}
         except OarError as error:
             answer = {"error": str(error)}
-        if is_main_process():
+        if rank() == 0:
             write_bytes_atomically(answer_path(folder, last), json.dumps(answer))
         release_cuda_cache()  # what the step left in torch's cache goes back to the engines

@@ -82,7 +82,7 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     rows = rows_to_score(verified["prompt_id"].to_pylist(), verified["reward"].to_pylist(),
                          config.skip_uniform_groups)
     state = process_state()  # None without a launcher
-    mine = rows_of_rank(verified, rows, world_size(state), rank(state))
+    mine = rows_of_rank(verified, rows, world_size(), rank())
     with _checked_policy(context, state):
         scored = _score(method, rollouts, verified, mine, config, _on_rank_device(context, state))
     parts = gather_to_rank_zero(scored, state)
