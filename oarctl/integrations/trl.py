@@ -54,7 +54,7 @@ from oarctl.attribution.collective import SYNCED_METHODS, CallSync, fsdp_gathere
 from oarctl.attribution.oar import segment_rows
 from oarctl.attribution.rows import rows_to_score
 from oarctl.config import AttributeConfig, Config, ReshapeConfig, set_option, validate
-from oarctl.distributed import fsdp_requested, keep_fsdp_on_cpu
+from oarctl.distributed import fsdp_requested, keep_fsdp_on_cpu, rank
 from oarctl.errors import OarError
 from oarctl.integrations.trl_log import StepLog, check_trl_version
 from oarctl.reshaping import batch_response_weights, concentration_metrics
@@ -193,13 +193,13 @@ class OARGRPOTrainer(GRPOTrainer):
         for name, value in concentration_metrics([r["reasoning_weights"] for r in rows],
                                                  np.array([r["advantage"] for r in rows])).items():
             self._metrics[mode][f"oar/{name}"].append(value)
-        if self.oar_log is not None and mode == "train" and self.accelerator.is_main_process:
+        if self.oar_log is not None and mode == "train" and rank() == 0:
             self.oar_log.write(self.state.global_step, rows, seconds, self._metrics[mode])
         return output
 
     def log(self, logs: dict, start_time: float | None = None) -> None:
         super().log(logs, start_time)  # TRL adds its averaged metrics to `logs`
-        if self.oar_log is not None and self.accelerator.is_main_process and self.model.training:
+        if self.oar_log is not None and rank() == 0 and self.model.training:
             self.oar_log.add_update_metrics(logs)
 
     # ---- the OAR computation on this process's rows ----------------------------------------------
@@ -208,7 +208,7 @@ class OARGRPOTrainer(GRPOTrainer):
         """This process's rows as an oarctl table (rows keep their index in the global batch)."""
         captured = self._oar_batch
         count = len(captured["completion_ids"])
-        offset = self.accelerator.process_index * count  # TRL's process_slice
+        offset = rank() * count  # TRL's process_slice
         rewards = captured["rewards"]
         global_rows = range(offset, offset + count)
         table = pa.table({

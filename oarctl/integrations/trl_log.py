@@ -30,6 +30,7 @@ from oarctl.artifacts import make_table, temporary_sibling, write_bytes_atomical
 from oarctl.attribution.rows import outcome_mode, span_columns
 from oarctl.checkpoints import replace_directory, sha256_file
 from oarctl.config import section_dict, to_dict
+from oarctl.distributed import rank
 from oarctl.errors import OarError
 
 TRL_VERSIONS = ("1.16", "2")  # supported: >= first, < second (pyproject's `trl` extra says the same)
@@ -103,7 +104,7 @@ class StepLog:
             self.config.reshape.scale = trainer.scale_rewards
         self.config.reshape.eps = TRL_ADVANTAGE_EPS
         self.lines: list[dict] = []
-        if trainer.accelerator.is_main_process:
+        if rank() == 0:
             self._prepare()
 
     def _prepare(self) -> None:
