@@ -338,8 +338,8 @@ def fidelity_key(input_path: Path, config, policy_path: Path) -> dict:
     """The cache key of `oarctl fidelity`, as the runner keys a stage: what it reads and the options that
     change its result (the fidelity, verify, attribute and reshape sections, the seed that draws the rollouts)."""
     from oarctl.checkpoints import policy_identity
-    from oarctl.config import attribute_key, section_dict
     from oarctl.runner import input_hash
+    from oarctl.schema import attribute_key, section_dict
 
     sections = {name: section_dict(config, name) for name in ("fidelity", "verify", "attribute", "reshape")}
     sections["attribute"].pop("accelerate_config", None)  # how a stage is launched, not what it computes

@@ -42,8 +42,8 @@ from oarctl.attribution.collective import CallSync, dummy_forward, input_embeddi
 from oarctl.attribution.prefix import checkpointed_layers, frozen_prefix
 from oarctl.batching import fixed_size, token_budget
 from oarctl.attribution.segments import Segments, attributed_sequence, segment, sequence_spans
-from oarctl.config import AttributeConfig
 from oarctl.policy.logprobs import response_token_stats
+from oarctl.schema import AttributeConfig
 
 # Defaults of the Python API: the config's, except the chunk size, which the config tunes for a
 # CPU (4-16 is fastest there) while a GPU wants large chunks.
