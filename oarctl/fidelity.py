@@ -369,7 +369,7 @@ def run_fidelity(input_path: Path, output: Path, config, policy_path: Path, log=
 def _measure(input_path: Path, output: Path, config, policy_path: Path, log) -> tuple[str, dict]:
     """Oracle, method scores and the three output files; returns (markdown, manifest metrics)."""
     from oarctl.artifacts import make_table, read_artifact, write_parquet
-    from oarctl.attribution.oar import segment_rows
+    from oarctl.attribution.base import segment_rows
     from oarctl.fidelity_truth import (class_columns, class_table, oracle_agreement, reasoning_classes,
                                        reasoning_labels, reshape_variants, truth_columns)
     from oarctl.runner import Policy, StageContext

@@ -12,7 +12,7 @@ import pytest
 from oarctl.attribution import ATTRIBUTION_METHODS
 from oarctl.attribution import mc_value as mc
 from oarctl.attribution.ground_truth import label_scores
-from oarctl.attribution.oar import segment_rows
+from oarctl.attribution.base import segment_rows
 from oarctl.config import AttributeConfig
 from oarctl.fidelity_truth import auc, truth_columns
 from oarctl.toy import truth

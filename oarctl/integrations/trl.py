@@ -51,7 +51,7 @@ import torch
 
 from oarctl.attribution import ATTRIBUTION_METHODS
 from oarctl.attribution.collective import SYNCED_METHODS, CallSync, fsdp_gathered
-from oarctl.attribution.oar import segment_rows
+from oarctl.attribution.base import segment_rows
 from oarctl.attribution.rows import rows_to_score
 from oarctl.config import set_option, validate
 from oarctl.distributed import fsdp_requested, keep_fsdp_on_cpu
