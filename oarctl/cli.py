@@ -278,7 +278,8 @@ def show_config(config: Optional[Path] = ConfigOption, set: Optional[List[str]] 
     """Print the resolved config (defaults + file + overrides), or every option's help."""
     import yaml
 
-    from oarctl.config import explain as explain_options, to_dict
+    from oarctl.config import explain as explain_options
+    from oarctl.schema import to_dict
     typer.echo(explain_options() if explain else yaml.safe_dump(to_dict(_config(config, set)), sort_keys=False))
 
 

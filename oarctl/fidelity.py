@@ -30,9 +30,8 @@ Cost: R (or 2R) greedy generations per rollout of up to `fidelity.max_new_tokens
 rollouts' prefixes batched together (`fidelity.batch_size` per generate call), plus one forward
 pass per rollout to choose the alternatives.
 
-Recall@K: the method's top ceil(K x R) reasoning tokens (at least 1) by score, ties broken by
-position (earlier first), NaN scores last; recall = |top ∩ causal| / |causal|, NaN for a rollout
-without causal tokens, which the averages leave out (the table says how many had some).
+Recall@K (`metrics.recall_at_k`): the share of the causal tokens among the method's top ceil(K x R)
+reasoning tokens; rollouts without causal tokens are left out of the averages.
 
 Where the rollouts carry ground-truth labels (`token_truth`, the chains toy world), every method is
 also scored against them, beside the oracle: AUC and recall@K of the label-1 tokens
@@ -50,6 +49,7 @@ import numpy as np
 
 from oarctl.artifacts import write_bytes_atomically
 from oarctl.errors import OarError
+from oarctl.metrics import mean_recalls, recall_at_k
 
 # (prompt + response prefix) ids -> the generated continuation ids, one per prefix
 Regenerate = Callable[[list[list[int]]], list[list[int]]]
@@ -138,40 +138,6 @@ def pick_alternatives(logits, originals: Sequence[int], excluded: Sequence[int])
         masked[:, list(excluded)] = -math.inf
     masked[torch.arange(masked.shape[0]), torch.as_tensor(list(originals), dtype=torch.long)] = -math.inf
     return masked.argmax(dim=-1).tolist()
-
-
-# ---- recall@K ------------------------------------------------------------------------------------
-
-def top_k_count(reasoning_length: int, fraction: float) -> int:
-    """ceil(K x R) tokens, at least one (a 5% budget of 12 tokens is 1 token, not 0)."""
-    if reasoning_length <= 0:
-        return 0
-    return min(reasoning_length, max(1, math.ceil(fraction * reasoning_length - 1e-9)))
-
-
-def top_positions(scores: np.ndarray, count: int) -> np.ndarray:
-    """Indices of the `count` highest scores; ties go to the earlier position, NaN ranks last."""
-    values = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf)
-    return np.argsort(-values, kind="stable")[:count]
-
-
-def recall_at_k(scores: np.ndarray, causal: np.ndarray, fraction: float) -> tuple[int, int, float]:
-    """(tokens selected, causal tokens among them, recall); recall is NaN without causal tokens."""
-    causal = np.asarray(causal, dtype=bool)
-    count = top_k_count(causal.size, fraction)
-    hits = int(causal[top_positions(scores, count)].sum())
-    total = int(causal.sum())
-    return count, hits, (hits / total if total else math.nan)
-
-
-def mean_recalls(table) -> dict[str, dict[float, float]]:
-    """{method: {K: mean recall over rollouts with >= 1 causal token}} from a fidelity table."""
-    frame = table.to_pandas()
-    frame = frame[frame["causal_tokens"] > 0]
-    means: dict[str, dict[float, float]] = {}
-    for (method, k), group in frame.groupby(["method", "k_fraction"], sort=False):
-        means.setdefault(method, {})[round(float(k), 6)] = float(group["recall"].mean())
-    return means
 
 
 # ---- the report ---------------------------------------------------------------------------------
@@ -338,8 +304,8 @@ def fidelity_key(input_path: Path, config, policy_path: Path) -> dict:
     """The cache key of `oarctl fidelity`, as the runner keys a stage: what it reads and the options that
     change its result (the fidelity, verify, attribute and reshape sections, the seed that draws the rollouts)."""
     from oarctl.checkpoints import policy_identity
-    from oarctl.config import attribute_key, section_dict
     from oarctl.runner import input_hash
+    from oarctl.schema import attribute_key, section_dict
 
     sections = {name: section_dict(config, name) for name in ("fidelity", "verify", "attribute", "reshape")}
     sections["attribute"].pop("accelerate_config", None)  # how a stage is launched, not what it computes
@@ -369,7 +335,7 @@ def run_fidelity(input_path: Path, output: Path, config, policy_path: Path, log=
 def _measure(input_path: Path, output: Path, config, policy_path: Path, log) -> tuple[str, dict]:
     """Oracle, method scores and the three output files; returns (markdown, manifest metrics)."""
     from oarctl.artifacts import make_table, read_artifact, write_parquet
-    from oarctl.attribution.oar import segment_rows
+    from oarctl.attribution.base import segment_rows
     from oarctl.fidelity_truth import (class_columns, class_table, oracle_agreement, reasoning_classes,
                                        reasoning_labels, reshape_variants, truth_columns)
     from oarctl.runner import Policy, StageContext

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from oarctl.fidelity import recall_at_k
+from oarctl.metrics import auc, recall_at_k
 from oarctl.reshaping import bilevel_weights, carried_bilevel_weights
 from oarctl.toy.truth import QUERY_STEP, token_classes
 
@@ -136,18 +136,6 @@ def reshape_variants(reshape) -> dict:
     if not reshape.quantile_carry:  # the released code's batch loop: what it does to the contrast
         variants["quantile_carry (released code)"] = dataclasses.replace(reshape, quantile_carry=True)
     return variants
-
-
-def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """P(score of a label-1 token > score of a label-0 token), ties 1/2; NaN scores rank lowest."""
-    values = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf)
-    labels = np.asarray(labels)
-    positive, negative = values[labels == 1], values[labels == 0]
-    if positive.size == 0 or negative.size == 0:
-        return math.nan
-    greater = (positive[:, None] > negative[None, :]).sum()
-    ties = (positive[:, None] == negative[None, :]).sum()
-    return float((greater + 0.5 * ties) / (positive.size * negative.size))
 
 
 def truth_columns(labels: list[np.ndarray], scores: dict, ks: Sequence[float]) -> dict:

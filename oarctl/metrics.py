@@ -1,6 +1,13 @@
-"""Evaluation metrics over groups of graded samples."""
+"""Metrics: pass@k and majority votes over groups of graded samples; recall@K and AUC of token
+rankings (how well a method's scores find the tokens that matter, `oarctl fidelity`).
+
+Recall@K: the method's top ceil(K x R) reasoning tokens (at least 1) by score, ties broken by
+position (earlier first), NaN scores last; recall = |top ∩ causal| / |causal|, NaN for a rollout
+without causal tokens, which the averages leave out (the table says how many had some).
+"""
 from __future__ import annotations
 
+import math
 from math import comb
 
 import numpy as np
@@ -52,3 +59,49 @@ def maj_at_k(samples: list[tuple[str | None, float]], k: int) -> float:
 def vote_metrics(samples_by_prompt: dict[str, list[tuple[str | None, float]]], ks: list[int]) -> dict[str, float]:
     """Mean maj@k over prompts, for each k (samples in sample_index order)."""
     return {f"maj@{k}": float(np.mean([maj_at_k(s, k) for s in samples_by_prompt.values()])) for k in ks}
+
+
+# ---- token rankings: recall@K and AUC ---------------------------------------------------------
+
+def top_k_count(reasoning_length: int, fraction: float) -> int:
+    """ceil(K x R) tokens, at least one (a 5% budget of 12 tokens is 1 token, not 0)."""
+    if reasoning_length <= 0:
+        return 0
+    return min(reasoning_length, max(1, math.ceil(fraction * reasoning_length - 1e-9)))
+
+
+def top_positions(scores: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the `count` highest scores; ties go to the earlier position, NaN ranks last."""
+    values = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf)
+    return np.argsort(-values, kind="stable")[:count]
+
+
+def recall_at_k(scores: np.ndarray, causal: np.ndarray, fraction: float) -> tuple[int, int, float]:
+    """(tokens selected, causal tokens among them, recall); recall is NaN without causal tokens."""
+    causal = np.asarray(causal, dtype=bool)
+    count = top_k_count(causal.size, fraction)
+    hits = int(causal[top_positions(scores, count)].sum())
+    total = int(causal.sum())
+    return count, hits, (hits / total if total else math.nan)
+
+
+def mean_recalls(table) -> dict[str, dict[float, float]]:
+    """{method: {K: mean recall over rollouts with >= 1 causal token}} from a fidelity table."""
+    frame = table.to_pandas()
+    frame = frame[frame["causal_tokens"] > 0]
+    means: dict[str, dict[float, float]] = {}
+    for (method, k), group in frame.groupby(["method", "k_fraction"], sort=False):
+        means.setdefault(method, {})[round(float(k), 6)] = float(group["recall"].mean())
+    return means
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """P(score of a label-1 token > score of a label-0 token), ties 1/2; NaN scores rank lowest."""
+    values = np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf)
+    labels = np.asarray(labels)
+    positive, negative = values[labels == 1], values[labels == 0]
+    if positive.size == 0 or negative.size == 0:
+        return math.nan
+    greater = (positive[:, None] > negative[None, :]).sum()
+    ties = (positive[:, None] == negative[None, :]).sum()
+    return float((greater + 0.5 * ties) / (positive.size * negative.size))

@@ -51,7 +51,7 @@ def scores(model, tokenizer, rows: list[int], sync, methods=METHODS) -> dict[str
     import pyarrow as pa
 
     from oarctl.attribution import ATTRIBUTION_METHODS
-    from oarctl.attribution.oar import segment_rows
+    from oarctl.attribution.base import segment_rows
     from oarctl.runner import StageContext
 
     table = rollout_table(tokenizer)

@@ -134,7 +134,7 @@ def _relative_difference(one: list[np.ndarray], two: list[np.ndarray]) -> float:
 def _scored_per_rank(verified: dict, method: str, ranks: int = 2) -> list[np.ndarray]:
     """What `ranks` ranks compute, in this process: the method called on each rank's dealt rows."""
     from oarctl.attribution import ATTRIBUTION_METHODS
-    from oarctl.attribution.oar import segment_rows
+    from oarctl.attribution.base import segment_rows
     from oarctl.config import load_config
     from oarctl.pipeline import resolve_policy_path
     from oarctl.runner import Policy, StageContext

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from oarctl.attribution import ATTRIBUTION_METHODS
-from oarctl.attribution.oar import segment_rows
+from oarctl.attribution.base import segment_rows
 from oarctl.config import AttributeConfig, ReshapeConfig, load_config
 from oarctl.fidelity_truth import class_summary, class_values, reasoning_classes
 from oarctl.reshaping import bilevel_weights, rank

@@ -11,10 +11,11 @@ import pytest
 
 from oarctl.attribution import ATTRIBUTION_METHODS
 from oarctl.attribution import mc_value as mc
+from oarctl.attribution.base import segment_rows
 from oarctl.attribution.ground_truth import label_scores
-from oarctl.attribution.oar import segment_rows
 from oarctl.config import AttributeConfig
-from oarctl.fidelity_truth import auc, truth_columns
+from oarctl.fidelity_truth import truth_columns
+from oarctl.metrics import auc
 from oarctl.toy import truth
 from oarctl.toy.tokenizer import build_tokenizer
 

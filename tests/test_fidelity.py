@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from oarctl import fidelity
-from oarctl.fidelity import OracleCase, causal_tokens, causal_tokens_batch, recall_at_k, top_k_count
+from oarctl.fidelity import OracleCase, causal_tokens, causal_tokens_batch
+from oarctl.metrics import recall_at_k, top_k_count
 
 PROMPT = [90, 91, 92]
 REASONING = [10, 11, 12, 13, 14, 15, 16, 17]  # positions 0..7 of the response

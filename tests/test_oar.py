@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from oarctl.attribution import ATTRIBUTION_METHODS, outcome
 from oarctl.attribution import oar
+from oarctl.attribution.base import segment_rows
 from oarctl.config import load_config
 from oarctl.attribution.segments import (PROBE_TEXT, attributed_sequence, segment, sequence_spans,
                                          token_offsets)
@@ -333,7 +334,7 @@ def test_registry_entries_score_every_response_token(model, tokenizer, method):
                       "temperature": [1.0, 0.0]})
     context = SimpleNamespace(seed=0, step=1, policy=SimpleNamespace(load=lambda: (model, tokenizer)), call_sync=None)
     config = load_config(None, ["attribute.chunk_size=3"]).attribute
-    scores = ATTRIBUTION_METHODS.get(method)(oar.segment_rows(table, tokenizer), table, config, context)
+    scores = ATTRIBUTION_METHODS.get(method)(segment_rows(table, tokenizer), table, config, context)
     for response, row in zip(responses, scores, strict=True):
         assert row.dtype == np.float32 and row.shape == (len(response),)
         reasoning_end = segment(response, tokenizer).reasoning[1]

@@ -17,6 +17,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from oarctl.attribution import flow
 from oarctl.attribution import oar
+from oarctl.attribution.base import Rollout
 
 MODES = ["last", "answer_mean", "answer_joint"]
 VOCAB = 64
@@ -141,7 +142,7 @@ def test_registry_entries_score_the_reasoning_only(model):
     from oarctl.config import AttributeConfig
 
     ids, reasoning, answer = item(seed=5, reasoning=12)
-    rollout = oar.Rollout(SimpleNamespace(reasoning=(0, 12)), ids, reasoning, answer, response_length=16, row=0)
+    rollout = Rollout(SimpleNamespace(reasoning=(0, 12)), ids, reasoning, answer, response_length=16, row=0)
     tokenizer = SimpleNamespace(pad_token_id=VOCAB - 1)
     context = SimpleNamespace(policy=SimpleNamespace(load=lambda: (model, tokenizer)), seed=0, step=0)
     config = AttributeConfig(span_tokens=4)

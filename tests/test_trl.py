@@ -122,7 +122,7 @@ def test_token_advantages_are_oarctl_attribute_then_reshape(oar_runs, tiny_polic
 def test_attribution_leaves_parameter_gradients_and_training_mode_alone(tiny_policy, signal_data, tmp_path):
     import pyarrow as pa
 
-    from oarctl.attribution.oar import segment_rows
+    from oarctl.attribution.base import segment_rows
 
     trainer = OARGRPOTrainer(model=str(tiny_policy), reward_funcs=boxed_reward, args=grpo_args(tmp_path),
                              train_dataset=dataset(signal_data["train"]), attribution="oar_g")

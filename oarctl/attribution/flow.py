@@ -37,8 +37,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from oarctl.attribution import ATTRIBUTION_METHODS, on_reasoning, outcome
-from oarctl.attribution.oar import Rollout, _perturb_token, _perturbation_chunks, _plan, items
+from oarctl.attribution import outcome
+from oarctl.attribution.base import ATTRIBUTION_METHODS, Rollout, on_reasoning
+from oarctl.attribution.oar import _perturb_token, _perturbation_chunks, _plan, items
 from oarctl.attribution.oar_p_cheap import spread, windows
 from oarctl.attribution.prefix import frozen_prefix
 from oarctl.registry import Registry

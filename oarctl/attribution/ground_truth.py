@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from oarctl.attribution import ATTRIBUTION_METHODS, on_reasoning
+from oarctl.attribution.base import ATTRIBUTION_METHODS, on_reasoning
 from oarctl.errors import InputError
 
 UNKNOWN_SCORE = 1.0

@@ -31,8 +31,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from oarctl.attribution import ATTRIBUTION_METHODS, on_reasoning
-from oarctl.attribution.oar import row_seed
+from oarctl.attribution.base import ATTRIBUTION_METHODS, on_reasoning, row_seed
 from oarctl.attribution.segments import token_offsets
 
 # (prefixes = prompt + response head, seed) -> the sampled continuation ids, one per prefix

@@ -36,14 +36,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from oarctl.attribution import ATTRIBUTION_METHODS, on_reasoning
 from oarctl.attribution import outcome
+from oarctl.attribution.base import ATTRIBUTION_METHODS, Rollout, on_reasoning, row_seed
+# re-export for one release: oarctl.attribution.base
+from oarctl.attribution.base import segment_rows  # noqa: F401
 from oarctl.attribution.collective import CallSync, dummy_forward, input_embeddings, padded_calls
 from oarctl.attribution.prefix import checkpointed_layers, frozen_prefix
 from oarctl.batching import fixed_size, token_budget
-from oarctl.attribution.segments import Segments, attributed_sequence, segment, sequence_spans
-from oarctl.config import AttributeConfig
 from oarctl.policy.logprobs import response_token_stats
+from oarctl.schema import AttributeConfig
 
 # Defaults of the Python API: the config's, except the chunk size, which the config tunes for a
 # CPU (4-16 is fastest there) while a GPU wants large chunks.
@@ -355,36 +356,8 @@ def token_entropy_batch(model, items: list[tuple[torch.Tensor, Span]], temperatu
 
 # ---- registry entries: (table, context) -> one score per response token --------------------------
 
-@dataclass(frozen=True)
-class Rollout:
-    """One table row, segmented: the attributed sequence and its absolute spans."""
-    segments: Segments
-    input_ids: torch.Tensor  # (T,) prompt + reasoning + conclude + answer (or + probe)
-    reasoning: Span
-    answer: Span
-    response_length: int
-    row: int  # index in the table: seeds the row's noise, wherever (on whichever rank) it is scored
-
-
-def segment_rows(table, tokenizer) -> list[Rollout]:
-    """Segment every row of a verified table from its sampled token ids."""
-    rows = []
-    pairs = zip(table["prompt_token_ids"].to_pylist(), table["response_token_ids"].to_pylist())
-    for row, (prompt, response) in enumerate(pairs):
-        segments = segment(response, tokenizer)
-        spans = sequence_spans(len(prompt), segments)
-        ids = torch.tensor(attributed_sequence(prompt, response, segments), dtype=torch.long)
-        rows.append(Rollout(segments, ids, spans["reasoning"], spans["answer"], len(response), row))
-    return rows
-
-
 def items(rollouts: list[Rollout]) -> list[Item]:
     return [(r.input_ids, r.reasoning, r.answer) for r in rollouts]
-
-
-def row_seed(seed: int, step: int, row: int) -> int:
-    """The OAR-G noise seed of one row: independent streams per (run seed, step, row)."""
-    return int(np.random.SeedSequence([seed, step, row]).generate_state(1)[0])
 
 
 @ATTRIBUTION_METHODS.register("oar_p")

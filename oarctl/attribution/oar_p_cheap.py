@@ -24,9 +24,9 @@ import math
 import numpy as np
 import torch
 
-from oarctl.attribution import ATTRIBUTION_METHODS, on_reasoning
+from oarctl.attribution.base import ATTRIBUTION_METHODS, Rollout, on_reasoning, row_seed
 from oarctl.attribution.collective import dummy_forward, padded_calls
-from oarctl.attribution.oar import Rollout, items, oar_g_scores, perturbation_calls, perturbation_scores, row_seed
+from oarctl.attribution.oar import items, oar_g_scores, perturbation_calls, perturbation_scores
 
 Span = tuple[int, int]
 

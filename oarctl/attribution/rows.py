@@ -1,7 +1,7 @@
 """Which rows of a verified table an attribution method scores, and the span columns it records.
 
 Shared by the attribute stage and the TRL trainer (oarctl/integrations/trl.py), so both write the
-same attributions columns from the same segmented rollouts (`oar.Rollout`).
+same attributions columns from the same segmented rollouts (`base.Rollout`).
 """
 from __future__ import annotations
 

@@ -29,9 +29,9 @@ from oarctl.advantages import SCALES
 from oarctl.artifacts import make_table, temporary_sibling, write_bytes_atomically, write_parquet
 from oarctl.attribution.rows import outcome_mode, span_columns
 from oarctl.checkpoints import replace_directory, sha256_file
-from oarctl.config import section_dict, to_dict
 from oarctl.distributed import rank
 from oarctl.errors import OarError
+from oarctl.schema import section_dict, to_dict
 
 TRL_VERSIONS = ("1.16", "2")  # supported: >= first, < second (pyproject's `trl` extra says the same)
 TRL_ADVANTAGE_EPS = 1e-4  # TRL divides by std + 1e-4

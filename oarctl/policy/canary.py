@@ -34,11 +34,11 @@ import tempfile
 from pathlib import Path
 
 from oarctl.errors import OarError
+from oarctl.schema import REFERENCE_TOKENS  # vllm.canary_tokens may compare at most this many
 
 CANARY_PROBLEM = "Compute 12+7."
 FILE = "canary.json"
 VERSION = 1
-REFERENCE_TOKENS = 16  # vllm.canary_tokens may compare at most this many (config.validate)
 _MAX_BYTES = 1 << 20  # a reference is ~1 KB; a bigger file is not one of ours
 _MAX_PROMPT_TOKENS = 4096
 _CACHE_SIZE = 4

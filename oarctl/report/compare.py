@@ -94,7 +94,7 @@ def on_policy_accuracy(lines: list[dict]) -> float | None:
 def method_label(document: dict) -> str:
     """run.group when set; else attribute.method, plus the reshape options a run sets away from their
     defaults (`truth [quantile=0.75]`): the same scores under other weights are another method."""
-    from oarctl.config import ReshapeConfig
+    from oarctl.schema import ReshapeConfig
 
     if (document.get("run") or {}).get("group"):
         return str(document["run"]["group"])

@@ -25,7 +25,7 @@ import numpy as np
 
 from oarctl.artifacts import extend_table
 from oarctl.attribution import ATTRIBUTION_METHODS
-from oarctl.attribution.oar import segment_rows
+from oarctl.attribution.base import segment_rows
 from oarctl.attribution.rows import outcome_mode, rows_to_score, span_columns
 from oarctl.checkpoints import loaded_files
 from oarctl.distributed import checked_beside, deal, gather_to_rank_zero, process_state, rank, world_size

@@ -166,6 +166,32 @@ def _heldout(family: str, seed: int, levels, n: int, train: list[dict]) -> list[
     return heldout_problems(family, seed + HELDOUT_SEED_OFFSET, levels, n, exclude)
 
 
+def _optimizer(model, lr: float, warmup: int):
+    """AdamW with a linear warmup to a constant learning rate."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+
+
+def _evaluate(model, tokenizer, heldout: list[dict], samples: int, seed: int, budget: int) -> tuple[dict, dict]:
+    """Held-out accuracy, sampled (T=1, `samples` per problem) and greedy."""
+    sampled = evaluate(model, tokenizer, heldout, temperature=1.0, samples=samples, seed=seed, max_new_tokens=budget)
+    greedy = evaluate(model, tokenizer, heldout, temperature=0.0, seed=seed, max_new_tokens=budget)
+    return sampled, greedy
+
+
+def _keep_chosen(model, best, target_band: tuple[float, float], step: int, log) -> tuple[bool, str]:
+    """(in band, note) of the chosen evaluation; outside the band the model goes back to the evaluated
+    weights closest to the band centre (the last evaluation may have jumped past it)."""
+    in_band = target_band[0] <= best[0]["sampled"]["accuracy"] <= target_band[1]
+    if in_band:
+        return in_band, "first evaluation inside the target band"
+    note = (f"no evaluation inside band {target_band} ({step} steps run); saved step "
+            f"{best[0]['step']}, the sampled accuracy closest to {sum(target_band) / 2:.2f}")
+    log(f"WARNING: {note}")
+    model.load_state_dict(best[1])
+    return in_band, note
+
+
 def pretrain(out_dir: Path, seed: int = 0, max_steps: int = 3000, eval_every: int = 25,
              target_band: tuple[float, float] = (0.30, 0.40), log=print, *, lr: float = 1e-3,
              batch_size: int = 64, warmup: int = 50, n_heldout: int = 128, eval_samples: int = 4,
@@ -185,9 +211,7 @@ def pretrain(out_dir: Path, seed: int = 0, max_steps: int = 3000, eval_every: in
                         intermediate_size=3 * hidden_size, max_positions=MAX_POSITIONS[family], seed=seed)
     train = train_stream(seed, levels, max_steps * batch_size, family)
     heldout = _heldout(family, seed, levels, n_heldout, train)
-    budget = MAX_NEW_TOKENS[family]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    optimizer, schedule = _optimizer(model, lr, warmup)
     log(f"toy pretrain ({family}): {parameter_count(model):,} params, vocab {len(tokenizer)}, levels {levels}, "
         f"{n_heldout} held-out x {eval_samples} samples, band {target_band}")
     centre, best, step, before = sum(target_band) / 2, None, 0, 0.0
@@ -199,9 +223,7 @@ def pretrain(out_dir: Path, seed: int = 0, max_steps: int = 3000, eval_every: in
         step += 1
         loss = _train_step(model, tokenizer, optimizer, schedule, train[(step - 1) * batch_size:step * batch_size])
         if step % eval_every == 0 or step == max_steps:
-            sampled = evaluate(model, tokenizer, heldout, temperature=1.0, samples=eval_samples, seed=seed,
-                               max_new_tokens=budget)
-            greedy = evaluate(model, tokenizer, heldout, temperature=0.0, seed=seed, max_new_tokens=budget)
+            sampled, greedy = _evaluate(model, tokenizer, heldout, eval_samples, seed, MAX_NEW_TOKENS[family])
             log(f"step {step:5d}  loss {loss:.4f}  sampled {sampled['accuracy']:.3f} "
                 f"{sampled['by_level']}  greedy {greedy['accuracy']:.3f}  {time.time() - started:.0f}s")
             if best is None or abs(sampled["accuracy"] - centre) < abs(best[0]["sampled"]["accuracy"] - centre):
@@ -214,13 +236,7 @@ def pretrain(out_dir: Path, seed: int = 0, max_steps: int = 3000, eval_every: in
             save_state(Path(state_dir), model, optimizer, schedule, step, best, before + time.time() - started)
             log(f"paused at step {step} (time limit {time_limit:.0f}s); run the same command to resume")
             return {"paused": True, "step": step}
-    in_band = target_band[0] <= best[0]["sampled"]["accuracy"] <= target_band[1]
-    note = "first evaluation inside the target band"
-    if not in_band:
-        note = (f"no evaluation inside band {target_band} ({step} steps run); saved step "
-                f"{best[0]['step']}, the sampled accuracy closest to {centre:.2f}")
-        log(f"WARNING: {note}")
-        model.load_state_dict(best[1])
+    in_band, note = _keep_chosen(model, best, target_band, step, log)
     shape = {"family": family, "levels": list(levels), "hidden_size": hidden_size, "num_layers": num_layers,
              "n_heldout": n_heldout, "eval_samples": eval_samples, "threads": threads}
     extra = {} if family == "arithmetic" else {"family": family, "hidden_size": hidden_size, "num_layers": num_layers}

@@ -13,55 +13,19 @@ when X starts with one). Pure string work, linear in the text, safe on any input
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from oarctl.errors import OarError
-from oarctl.verify.boxed import BOXED, box_spans
+from oarctl.verify.answer_text import BOX_MARKERS, CLOSERS, Extraction, box_run, closing, stripped
+from oarctl.verify.boxed import box_spans
+from oarctl.verify.lenient import find_lenient
 
-BOX_MARKERS = (BOXED, "\\fbox{")
 GSM8K = re.compile(r"^[ \t]*####[ \t]*(\S[^\n]*)", re.MULTILINE)
 ANSWER_IS = re.compile(r"\banswer\s*(?:is\s*:?|:)[ \t]*(?P<open>\$\$|\$|\\\[|\\\()?", re.IGNORECASE)
-CLOSERS = {"$$": "$$", "$": "$", "\\[": "\\]", "\\(": "\\)"}
-# Between the close of one box and the content of the next: `$ and $x = \\boxed{`, `, \\boxed{`.
-CONNECTOR = re.compile(r"[\s$,;]*(?:(?:and|or|&|\\quad|\\qquad|\\text\{\s*(?:and|or)\s*\})[\s$,;]*)?"
-                       r"(?:[A-Za-z](?:_\d)?\s*=\s*)?\\(?:boxed|fbox)\{")
 # The sentence ends at a period followed by a space or the end, never at a decimal point.
 SENTENCE_END = re.compile(r"\.(?=\s|$)|\n")
 
 
-@dataclass(frozen=True)
-class Extraction:
-    text: str    # the answer as read: response[start:end], except for a run of boxes and lenient readings
-    start: int   # character span of the answer in the response, half-open
-    end: int
-
-
 EXTRACTION_MODES = ("strict", "lenient")
-
-
-def stripped(response: str, start: int, end: int) -> Extraction | None:
-    """The span without surrounding whitespace, or None when nothing is left."""
-    while start < end and response[start].isspace():
-        start += 1
-    while end > start and response[end - 1].isspace():
-        end -= 1
-    return Extraction(response[start:end], start, end) if end > start else None
-
-
-def box_run(response: str, spans: list[tuple[int, int]], connector: re.Pattern = CONNECTOR) -> Extraction | None:
-    """Boxes in a row at the end of the boxed ones, read as one list; None for fewer than two.
-    `connector`: what may stand between two boxes of the run, up to the next box's content."""
-    run = spans[-1:]  # from the last box backwards
-    for span in reversed(spans[:-1]):
-        gap = response[span[1] + 1:run[-1][0]]
-        if span[1] >= run[-1][0] or not connector.fullmatch(gap):
-            break
-        run.append(span)
-    if len(run) < 2:
-        return None
-    run.reverse()
-    parts = [response[start:end].strip() for start, end in run]
-    return Extraction(", ".join(parts), run[0][0], run[-1][1]) if all(parts) else None
 
 
 def _boxed(response: str) -> Extraction | None:
@@ -75,14 +39,6 @@ def _boxed(response: str) -> Extraction | None:
 def _gsm8k(response: str) -> Extraction | None:
     matches = list(GSM8K.finditer(response))
     return stripped(response, *matches[-1].span(1)) if matches else None
-
-
-def closing(response: str, closer: str, start: int) -> int:
-    """Where math mode closes, skipping escaped dollars (`$\\$36$`); the end of the text if never."""
-    end = response.find(closer, start)
-    while closer.startswith("$") and end > 0 and response[end - 1] == "\\":
-        end = response.find(closer, end + 1)
-    return len(response) if end < 0 else end
 
 
 def _answer_is(response: str) -> Extraction | None:
@@ -118,9 +74,7 @@ def find_answer(response: str, mode: str = "strict") -> Extraction | None:
     found = _strict(response)
     if check_mode(mode) == "strict":
         return found
-    from oarctl.verify.lenient import find_lenient  # lenient builds on this module's parts
-
-    return find_lenient(response, found)
+    return find_lenient(response, found)  # lenient builds on the strict answer
 
 
 def extract_answer(response: str, mode: str = "strict") -> str | None:

@@ -28,10 +28,9 @@ from __future__ import annotations
 import re
 
 from oarctl.verify.boxed import box_spans
-from oarctl.verify.extract import BOX_MARKERS, Extraction, box_run, closing, stripped
+from oarctl.verify.answer_text import BOX_MARKERS, CLOSERS, Extraction, box_run, closing, stripped
 
 OPENER = re.compile(r"(?<!\\)\$\$|(?<!\\)\\\[|(?<!\\)\\\(|(?<!\\)\$")
-CLOSERS = {"$$": "$$", "$": "$", "\\[": "\\]", "\\(": "\\)"}
 # Commands and their first argument (`\text{cm}`, `\begin{pmatrix}`) never make a span prose.
 COMMAND = re.compile(r"\\[A-Za-z]+(?:\{[^{}]*\})?")
 # A bare word of three letters or more, or a letter of a script other than Latin and Greek (a
@@ -55,7 +54,7 @@ BARE_LIMIT = 300  # characters: a longer text without prose is not "just the ans
 # Markdown bold around a short run of text; it opens after a space or punctuation, never inside `2**10`.
 BOLD = re.compile(r"(?<![A-Za-z0-9_*])\*\*(?=[^\s*])([^*\n]{1,200}?)(?<=[^\s*])\*\*(?!\*)")
 # Between two boxes of one answer in lenient mode: any run of spaces, delimiters, commas, `and`, `or`,
-# `\quad`, `\text{and}` (strict mode's extract.CONNECTOR allows one word), then maybe `x =`.
+# `\quad`, `\text{and}` (strict mode's answer_text.CONNECTOR allows one word), then maybe `x =`.
 LIST_CONNECTOR = re.compile(r"(?:[\s$,;&]|\\[,;:! ]|\\q?quad\b|\\text\{\s*(?:(?:and|or|,)\s*)?\}|\band\b|\bor\b)*"
                             r"(?:[A-Za-z](?:_\d)?\s*=\s*)?\\(?:boxed|fbox)\{")
 # "Answer" in other languages, then an optional verb or colon; its sentence ends at `.`, `。` or a newline.

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 
 from oarctl.verify.boxed import box_spans
-from oarctl.verify.extract import BOX_MARKERS, Extraction
+from oarctl.verify.answer_text import BOX_MARKERS, Extraction
 from oarctl.verify.lenient import reads_as_math, refuses
 
 GRADED_BY = "math-verify"
