@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
-from oarctl.checkpoints import (HASHING, READING, WRITE_HASHING, load_policy, load_tokenizer, policy_identity,
-                                replace_directory, save_policy, sha256_file)
+from oarctl.checkpoints import load_policy, load_tokenizer, policy_identity, replace_directory, save_policy
+from oarctl.hashing import HASHING, READING, WRITE_HASHING, sha256_file
 from oarctl.config import UpdateConfig
 from oarctl.distributed import rank
 from oarctl.errors import InputError, OarError

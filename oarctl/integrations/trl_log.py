@@ -28,7 +28,8 @@ import numpy as np
 from oarctl.advantages import SCALES
 from oarctl.artifacts import make_table, temporary_sibling, write_bytes_atomically, write_parquet
 from oarctl.attribution.rows import outcome_mode, span_columns
-from oarctl.checkpoints import replace_directory, sha256_file
+from oarctl.checkpoints import replace_directory
+from oarctl.hashing import sha256_file
 from oarctl.config import section_dict, to_dict
 from oarctl.errors import OarError
 
