@@ -372,7 +372,7 @@ def _measure(input_path: Path, output: Path, config, policy_path: Path, log) -> 
     from oarctl.attribution.oar import segment_rows
     from oarctl.fidelity_truth import (class_columns, class_table, oracle_agreement, reasoning_classes,
                                        reasoning_labels, reshape_variants, truth_columns)
-    from oarctl.runner import Policy, StageContext
+    from oarctl.contract import Policy, StageContext
 
     if config.policy.threads:
         import torch

@@ -20,13 +20,13 @@ import yaml
 
 from oarctl import config as config_module
 from oarctl.artifacts import write_bytes_atomically, write_parquet
+from oarctl.contract import Policy, StageContext
 from oarctl.errors import OarError
 from oarctl.launch import (accelerate_config, launch_stage, rest_generation_engines, start_stage, stop_update_worker,
                            update_worker)
 from oarctl.logging_backends import MetricsSinks
 from oarctl.report.run_report import read_metrics
-from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
-                           why_stale)
+from oarctl.runner import key_parts, read_manifest, run_cached, sweep_dead_temporaries, why_stale
 from oarctl.stages import attribute, evaluate, reshape, sample, update, verify
 
 

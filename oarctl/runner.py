@@ -16,52 +16,15 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
-from oarctl.checkpoints import load_policy, load_tokenizer, policy_identity, replace_directory, save_policy
-from oarctl.hashing import HASHING, READING, WRITE_HASHING, sha256_file
+from oarctl.checkpoints import replace_directory, save_policy
 from oarctl.config import UpdateConfig
+from oarctl.contract import Policy, StageContext, StageOutput  # noqa: F401 re-export for one release: oarctl.contract
 from oarctl.distributed import rank
 from oarctl.errors import InputError, OarError
+from oarctl.hashing import HASHING, READING, WRITE_HASHING, sha256_file
 from oarctl.policy.canary import write_reference
-
-
-@dataclass
-class Policy:
-    """A policy folder, loaded only when a stage asks for the model."""
-    path: Path
-    device: str = "cpu"
-    backend: str = "transformers"  # concrete generation backend (oarctl.policy.backends), never "auto"
-    vllm: dict | None = None  # the vllm config section, for backend "vllm"
-    dtype: str = "float32"  # of the transformers weights `load` gives (attribute.dtype for attribute)
-    verified: bool = False  # its files were checked against checkpoint.json already (ranks sharing that out)
-    _loaded: tuple | None = None
-
-    @property
-    def identity(self) -> str:
-        return policy_identity(self.path)
-
-    def load(self):
-        if self._loaded is None:
-            self._loaded = load_policy(self.path, self.device, self.dtype, verified=self.verified)
-        return self._loaded
-
-    def load_tokenizer(self):
-        """The tokenizer alone, for stages that need no weights (e.g. segmentation)."""
-        return self._loaded[1] if self._loaded is not None else load_tokenizer(self.path)
-
-
-@dataclass
-class StageContext:
-    seed: int
-    step: int
-    policy: Policy | None = None
-    reference: Policy | None = None  # only set when the stage needs one (update with a KL term)
-    progress: bool = False
-    prompt_template: str = "chat"  # data.prompt_template, for the stages that build prompts
-    output: Path | None = None  # where the runner writes the stage's output (set by run_cached)
-    call_sync: object = None  # a CallSync when the policy is sharded over ranks (attribution/collective.py)
 
 
 @dataclass
@@ -77,16 +40,6 @@ class Trained:
     master_in_shards: bool = False  # the fp32 weights are in the ranks' shards, not master.safetensors
     weights_written: bool = False  # the ranks wrote the weight files (FSDP): the runner writes the configs only
     weight_file_mb: float = UpdateConfig.weight_file_mb
-
-
-@dataclass
-class StageOutput:
-    table: object  # pyarrow.Table
-    metrics: dict = field(default_factory=dict)
-    trained: Trained | None = None  # update only
-    # update under FSDP: called on every rank once the policy folder is in place, before the manifest;
-    # writes the training state and returns its I/O metrics (on rank 0)
-    after_commit: Callable[[], dict] | None = None
 
 
 def _alive(pid: int) -> bool:

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from oarctl.checkpoints import load_policy, save_policy
+from oarctl.contract import Policy
 from oarctl.errors import OarError
 from oarctl.policy import canary, transformers_backend
-from oarctl.runner import Policy
 
 
 @pytest.fixture(scope="module")
