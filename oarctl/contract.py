@@ -46,13 +46,14 @@ class StageContext:
     prompt_template: str = "chat"  # data.prompt_template, for the stages that build prompts
     output: Path | None = None  # where the runner writes the stage's output (set by run_cached)
     call_sync: object = None  # a CallSync when the policy is sharded over ranks (attribution/collective.py)
+    resident: object = None  # a persistent update worker's training.setup.Resident (the state it keeps)
 
 
 @dataclass
 class StageOutput:
     table: object  # pyarrow.Table
     metrics: dict = field(default_factory=dict)
-    trained: object = None  # update only: what it hands the runner to commit (oarctl.runner.Trained)
-    # update under FSDP: called on every rank once the policy folder is in place, before the manifest;
-    # writes the training state and returns its I/O metrics (on rank 0)
-    after_commit: Callable[[], dict] | None = None
+    trained: object = None  # update only: what it hands the runner to commit (training.save.Trained)
+    # update under FSDP: called on every rank once the policy folder is in place, before the manifest, with
+    # the checkpoint's I/O metrics; writes the training state and returns the metrics with its I/O added
+    after_commit: Callable[[dict], dict] | None = None

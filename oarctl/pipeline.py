@@ -11,6 +11,7 @@ Run folder layout (each output has `<name>.manifest.json` beside it):
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,9 +126,11 @@ def key_section(config, name: str) -> dict:
 
 
 def run_stage(name: str, config, input_paths: dict[str, Path], output: Path, *, step: int = 0,
-              policy_path: Path | None = None, force: bool = False, log=print) -> tuple[dict, bool]:
-    """Run one stage (cached) with the config's section; the CLI and the loop both come here."""
-    context = _stage_context(name, config, step, policy_path)
+              policy_path: Path | None = None, force: bool = False, log=print,
+              resident=None) -> tuple[dict, bool]:
+    """Run one stage (cached) with the config's section; the CLI and the loop both come here (and the
+    persistent update worker, with the `resident` state it keeps between steps)."""
+    context = dataclasses.replace(_stage_context(name, config, step, policy_path), resident=resident)
     return run_cached(STAGES[name], key_section(config, name), getattr(config, name),
                       input_paths, output, context, force=force, log=log)
 

@@ -487,24 +487,25 @@ def test_large_weights_are_saved_in_several_files_that_load_back(tiny_policy, tm
 
 
 def test_a_persistent_worker_trains_on_from_memory_only_for_the_checkpoint_it_kept(tmp_path):
-    """update._resident hands the kept state over once, for the folder it was kept for and only while that
-    folder is unchanged; a step that fails after taking it leaves nothing kept, so the next one loads."""
+    """The worker's Resident hands the kept state over once, for the folder it was kept for and only while
+    that folder is unchanged; a step that fails after taking it leaves nothing kept, so the next one loads."""
     from types import SimpleNamespace
 
     from oarctl.checkpoints import policy_identity
-    from oarctl.stages import update
+    from oarctl.training.setup import KeptState, Resident, kept_state
 
     folder = tmp_path / "policy"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"weights")
-    context = SimpleNamespace(policy=SimpleNamespace(path=folder))
-    kept = update.Resident(None, "model", None, "adamw", [], None, folder, policy_identity(folder))
-    update._RESIDENT[:] = [kept]
-    assert update._resident(context) is kept and update._RESIDENT == []
-    assert update._resident(context) is None  # taken: a failed step cannot train on a half-changed model
-    update._RESIDENT[:] = [kept]
+    resident = Resident()
+    context = SimpleNamespace(policy=SimpleNamespace(path=folder), resident=resident)
+    kept = KeptState(None, "model", None, "adamw", [], None, folder, policy_identity(folder))
+    resident.keep(kept)
+    assert kept_state(context) is kept
+    assert kept_state(context) is None  # taken: a failed step cannot train on a half-changed model
+    resident.keep(kept)
     (folder / "model.safetensors").write_bytes(b"other weights")  # changed on disk since: read it
-    assert update._resident(context) is None and update._RESIDENT == []
-    update._RESIDENT[:] = [kept]
-    assert update._resident(SimpleNamespace(policy=SimpleNamespace(path=tmp_path / "elsewhere"))) is None
-    update._RESIDENT.clear()
+    assert kept_state(context) is None and kept_state(context) is None  # and no longer kept
+    resident.keep(kept)
+    assert resident.take(tmp_path / "elsewhere") is None
+    assert kept_state(SimpleNamespace(policy=SimpleNamespace(path=folder), resident=None)) is None  # no worker
