@@ -45,7 +45,7 @@ class Trained:
     io: dict = field(default_factory=dict)  # the ranks' I/O of those files, for the manifest
     save_dtype: str = "float32"  # of model.safetensors (update.save_dtype)
     master_in_shards: bool = False  # the fp32 weights are in the ranks' shards, not master.safetensors
-    weights_written: bool = False  # the ranks wrote the weight files (FSDP): the runner writes the configs only
+    weights_written: bool = False  # the ranks wrote the weight files (FSDP): `write` adds the configs only
     weight_file_mb: float = UpdateConfig.weight_file_mb
 
     def write(self, table, output: Path) -> tuple[str, dict]:
