@@ -124,7 +124,7 @@ def _optimizer_step(model, optimizer, reference, rows: list[dict], plan: list, c
     return {**averaged, "tokens": sums["tokens"], "grad_norm": grad_norm}
 
 
-COLUMNS = ["prompt_token_ids", "response_token_ids", "response_logprobs", "token_advantages", "temperature"]
+COLUMNS = ("prompt_token_ids", "response_token_ids", "response_logprobs", "token_advantages", "temperature")
 
 
 def _mini_batches(rows: list[dict], config, context: StageContext) -> list[tuple[int, list[dict]]]:
