@@ -1,22 +1,18 @@
-"""Policy checkpoints: safetensors weights, tokenizer, optimizer state, and a hash manifest.
+"""Policy checkpoints: their layout, and saving and loading them (safetensors weights, tokenizer,
+optimizer state, and a hash manifest).
 
 `checkpoint.json` lists the sha256 of every file; loading verifies them, so a truncated or
 tampered checkpoint is refused instead of silently training on garbage. Pickle is never used:
 transformers is told `use_safetensors=True`, and optimizer moments are stored as safetensors.
-
-A 7B checkpoint is ~90 GB, so hashing is paid once: a process remembers the digest of every file it
-hashed, keyed by the file's device, inode, size and modification time (a rename keeps all four, so a
-checkpoint saved into a temporary folder and moved into place is not hashed again; rewriting a file
-changes its mtime). The files of one checkpoint are hashed in parallel threads (hashlib releases
-the GIL). `HASHING` counts the bytes and seconds this process spent verifying what it read, and
-`WRITE_HASHING` those it spent hashing what it wrote, for the manifests.
+The hashing itself (a memo per process, the counters the manifests report, verification) is in
+oarctl/hashing.py.
 
 Layout: the policy folder holds what engines, attribution and users load (weights in the served dtype,
 configs, tokenizer, the canary reference, update.parquet), listed in its checkpoint.json, which names
 the policy (`policy_identity`). What only the next update reads (the AdamW state and, for 16-bit
 weights, the fp32 weights) is in `training_state/`, with a checkpoint.json of its own. So the policy can
 be committed, and sampled from, while the training state is still being written (FSDP ranks do that:
-oarctl/stages/update.py); the update stage's manifest, written last, vouches for both. Checkpoints of
+oarctl/training/save.py); the update stage's manifest, written last, vouches for both. Checkpoints of
 earlier versions kept the training state beside the weights: `training_state_dir` reads those too.
 """
 from __future__ import annotations
@@ -25,9 +21,7 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -36,66 +30,17 @@ from safetensors.torch import load_file, save_file
 
 from oarctl.config import UpdateConfig
 from oarctl.errors import OarError
+from oarctl.hashing import MANIFEST, PRUNED, WRITE_HASHING, count_read, sha256_files, verify_checkpoint
+from oarctl.hashing import HASHING, READING, BackgroundCheck, sha256_file  # noqa: F401 re-export for one release: oarctl.hashing
+from oarctl.sharded_state import MASTER, OPTIMIZER_STATE, SHARDED_OPTIMIZER, has_master, read_full_state
 
-MANIFEST = "checkpoint.json"
 WEIGHTS = "model.safetensors"  # the weights in one file, or with WEIGHTS_INDEX, in several (transformers' names)
 WEIGHTS_INDEX = "model.safetensors.index.json"
 OPTIMIZER_TENSORS = "optimizer.safetensors"
-OPTIMIZER_STATE = "optimizer.json"
 MASTER_WEIGHTS = "master.safetensors"  # fp32 weights training continues from, when model.safetensors is 16-bit
-SHARDED_OPTIMIZER = "optimizer"  # folder of AdamW shards, one file per FSDP rank (oarctl/sharded_state.py)
 TRAINING_STATE = "training_state"  # subfolder with the files above and its own checkpoint.json (see below)
-
-
-HASHING = {"files": 0, "bytes": 0, "seconds": 0.0,  # this process's hashing of files it read, so far,
-           "waited": 0.0}  # and the seconds it waited for checks that ran beside its work (BackgroundCheck)
-WRITE_HASHING = {"files": 0, "bytes": 0, "seconds": 0.0}  # ... and of files it had just written
-READING = {"bytes": 0, "seconds": 0.0}  # this process's checkpoint reads so far (weights, AdamW state)
-_DIGESTS: dict[tuple, str] = {}  # (device, inode, size, mtime_ns) -> sha256 hex, the newest DIGESTS_KEPT
-DIGESTS_KEPT = 4096  # a run of thousands of steps would otherwise keep a digest per file it ever wrote
-_COUNTING = threading.Lock()  # files of one checkpoint are hashed in threads
-_HASHING_NOW: dict[tuple, threading.Lock] = {}  # one lock per file key: each file hashed once even when raced
-
-
-def _hash_bytes(path: Path) -> tuple[str, int, float]:
-    """(sha256 hex, bytes, seconds) of one file."""
-    started, digest, size = time.perf_counter(), hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-            size += len(block)
-    return digest.hexdigest(), size, time.perf_counter() - started
-
-
-def sha256_file(path: Path, tally: dict = HASHING) -> str:
-    """The file's sha256, read from disk at most once per process while the file is unchanged; the
-    bytes and seconds go to `tally` (HASHING when verifying a read, WRITE_HASHING after a write)."""
-    status = os.stat(path)
-    key = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
-    with _COUNTING:
-        hashing = _HASHING_NOW.setdefault(key, threading.Lock())
-    with hashing:  # a file two threads want (a background check and a reader) is hashed by one of them
-        digest = _DIGESTS.get(key)
-        if digest is None:
-            digest, size, seconds = _hash_bytes(path)
-            with _COUNTING:
-                tally["files"] += 1
-                tally["bytes"] += size
-                tally["seconds"] += seconds
-                _DIGESTS[key] = digest
-                while len(_DIGESTS) > DIGESTS_KEPT:
-                    del _DIGESTS[next(iter(_DIGESTS))]  # the oldest first: files of steps long pruned
-    with _COUNTING:
-        _HASHING_NOW.pop(key, None)  # a later caller finds the digest, so needs no lock
-    return digest
-
-
-def sha256_files(paths: list[Path], tally: dict = HASHING) -> list[str]:
-    """sha256_file of each path, the files hashed in parallel."""
-    if len(paths) < 2:
-        return [sha256_file(p, tally) for p in paths]
-    with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
-        return list(pool.map(lambda path: sha256_file(path, tally), paths))
+# also the training state's: OPTIMIZER_STATE (optimizer.json, the step counts) and SHARDED_OPTIMIZER (optimizer/,
+# the FSDP ranks' AdamW shards), named in oarctl/sharded_state.py, which reads and writes those shards
 
 
 def _file_hashes(directory: Path, known: dict[str, str] | None = None) -> dict[str, str]:
@@ -151,51 +96,6 @@ def seal(directory: Path, prewritten: dict[str, str] | None = None) -> dict[str,
     return files
 
 
-def verify_checkpoint(directory: Path, wanted=lambda name: True) -> None:
-    """Check the recorded files that `wanted` names against checkpoint.json: a process verifies what it
-    reads, so one that loads only the weights does not hash the AdamW state (twice their size)."""
-    if (directory / "PRUNED").exists():
-        raise OarError(f"{directory}: this checkpoint's weights were pruned (run.keep_checkpoints); "
-                       "raise run.keep_checkpoints and rerun with --force to rebuild it")
-    manifest = directory / MANIFEST
-    if not manifest.exists():
-        return  # a model directory we did not write (the embedded default, a hub snapshot)
-    expected = {name: digest for name, digest in json.loads(manifest.read_text())["files"].items() if wanted(name)}
-    for name in expected:
-        if not (directory / name).exists():
-            raise OarError(f"{directory}: checkpoint file {name} is missing")
-    for (name, recorded), actual in zip(expected.items(), sha256_files([directory / n for n in expected])):
-        if actual != recorded:
-            raise OarError(f"{directory}: checkpoint file {name} does not match its recorded hash (truncated or modified)")
-
-
-class BackgroundCheck:
-    """verify_checkpoint of {checkpoint folder: recorded names}, started now in a thread, while the caller
-    reads and computes with those files (hashlib releases the GIL; reading safetensors or JSON runs no
-    code). The caller must not let anything made from them out before `problem()` said None."""
-
-    def __init__(self, files: dict):
-        self._files = {Path(directory): set(names) for directory, names in files.items()}
-        self._problem = None
-        self._thread = threading.Thread(target=self._check, daemon=True)  # a killed process does not wait for it
-        self._thread.start()
-
-    def _check(self) -> None:
-        try:
-            for directory, names in self._files.items():
-                verify_checkpoint(directory, names.__contains__)
-        except OarError as error:
-            self._problem = str(error)
-
-    def problem(self) -> str | None:
-        """The first file that failed its check, as an error message; None when all passed. Waits for the
-        check to end, and counts the wait in HASHING["waited"]."""
-        started = time.perf_counter()
-        self._thread.join()
-        HASHING["waited"] += time.perf_counter() - started
-        return self._problem
-
-
 def load_tokenizer(directory: str | Path):
     from transformers import AutoTokenizer
 
@@ -244,11 +144,6 @@ def load_policy(directory: str | Path, device: str = "cpu", dtype: str = "float3
     return model.to(device), tokenizer
 
 
-def count_read(size: int, started: float) -> None:
-    READING["bytes"] += size
-    READING["seconds"] += time.perf_counter() - started
-
-
 def read_scalars(directory: Path) -> dict:
     """optimizer.json: {"PARAMETER::step": number}."""
     try:
@@ -283,8 +178,6 @@ def read_optimizer_state(directory: Path, shapes: dict[str, torch.Size]) -> dict
     None when the directory has none. `shapes` (name -> parameter shape) refuses another model's state.
     A state FSDP ranks wrote in shards (optimizer/) is read whole (resharded to one process)."""
     if (directory / SHARDED_OPTIMIZER).is_dir():
-        from oarctl.sharded_state import read_full_state
-
         verify_checkpoint(directory, lambda name: name == OPTIMIZER_STATE)
         state = read_full_state(directory, shapes)
         for key, value in read_scalars(directory).items():
@@ -336,8 +229,6 @@ def save_master(model, directory: Path) -> None:
 def _read_master(directory: Path, shapes: dict) -> dict | None:
     """{parameter: fp32 tensor} from master.safetensors or the FSDP shards; None when neither has it."""
     if (directory / SHARDED_OPTIMIZER).is_dir():
-        from oarctl.sharded_state import MASTER, has_master, read_full_state
-
         if not has_master(directory):
             return None
         return {name: entry[MASTER] for name, entry in read_full_state(directory, shapes, (MASTER,)).items()}
@@ -482,4 +373,4 @@ def prune(directory: Path) -> None:
             shutil.rmtree(path)  # the AdamW shards
         elif path.name != MANIFEST:
             path.unlink()
-    (directory / "PRUNED").write_text("weights pruned by run.keep_checkpoints\n")
+    (directory / PRUNED).write_text("weights pruned by run.keep_checkpoints\n")

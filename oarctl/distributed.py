@@ -187,7 +187,7 @@ def checked_beside(files: dict, state):
     rank, so nothing is written from a file that failed its check (call on every rank). When the body
     fails first (a truncated file may fail to load), this rank's finding is raised instead: it says why.
     Each rank checks every R-th file of them all, so each file is hashed by one rank in all."""
-    from oarctl.checkpoints import BackgroundCheck
+    from oarctl.hashing import BackgroundCheck
 
     share: dict = {}
     everything = [(directory, name) for directory, names in files.items() for name in names]

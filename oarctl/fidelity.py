@@ -318,7 +318,7 @@ def run_fidelity(input_path: Path, output: Path, config, policy_path: Path, log=
                  force: bool = False) -> tuple[str, bool]:
     """The whole command: oracle, method scores, Parquet + markdown + PNG, manifest last.
     Returns (the markdown, whether it ran): an output whose manifest has the same key is reused."""
-    from oarctl.checkpoints import sha256_file
+    from oarctl.hashing import sha256_file
     from oarctl.runner import manifest_path, why_stale, write_manifest
 
     parts = fidelity_key(input_path, config, policy_path)
@@ -338,7 +338,7 @@ def _measure(input_path: Path, output: Path, config, policy_path: Path, log) -> 
     from oarctl.attribution.base import segment_rows
     from oarctl.fidelity_truth import (class_columns, class_table, oracle_agreement, reasoning_classes,
                                        reasoning_labels, reshape_variants, truth_columns)
-    from oarctl.runner import Policy, StageContext
+    from oarctl.contract import Policy, StageContext
 
     if config.policy.threads:
         import torch

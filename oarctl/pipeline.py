@@ -11,6 +11,7 @@ Run folder layout (each output has `<name>.manifest.json` beside it):
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +21,13 @@ import yaml
 
 from oarctl import config as config_module
 from oarctl.artifacts import write_bytes_atomically, write_parquet
+from oarctl.contract import Policy, StageContext
 from oarctl.errors import OarError
 from oarctl.launch import (accelerate_config, launch_stage, rest_generation_engines, start_stage, stop_update_worker,
                            update_worker)
 from oarctl.logging_backends import MetricsSinks
 from oarctl.report.run_report import read_metrics
-from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
-                           why_stale)
+from oarctl.runner import key_parts, read_manifest, run_cached, sweep_dead_temporaries, why_stale
 from oarctl.stages import attribute, evaluate, reshape, sample, update, verify
 
 
@@ -125,9 +126,11 @@ def key_section(config, name: str) -> dict:
 
 
 def run_stage(name: str, config, input_paths: dict[str, Path], output: Path, *, step: int = 0,
-              policy_path: Path | None = None, force: bool = False, log=print) -> tuple[dict, bool]:
-    """Run one stage (cached) with the config's section; the CLI and the loop both come here."""
-    context = _stage_context(name, config, step, policy_path)
+              policy_path: Path | None = None, force: bool = False, log=print,
+              resident=None) -> tuple[dict, bool]:
+    """Run one stage (cached) with the config's section; the CLI and the loop both come here (and the
+    persistent update worker, with the `resident` state it keeps between steps)."""
+    context = dataclasses.replace(_stage_context(name, config, step, policy_path), resident=resident)
     return run_cached(STAGES[name], key_section(config, name), getattr(config, name),
                       input_paths, output, context, force=force, log=log)
 

@@ -4,7 +4,8 @@ A stage's output `X` (a Parquet file, or a policy folder for `update`) is comple
 `X.manifest.json` exists beside it and records the same cache key. The key is the sha256 of the
 stage name and version, its config section, the seed and step, and the content hashes of its
 inputs, so editing a config or an upstream file re-runs exactly what depends on it, and
-`oarctl status` can say why.
+`oarctl status` can say why. A policy folder is written by what the update stage returns
+(`trained.write`, oarctl/training/save.py); the runner knows keys, manifests and atomic outputs only.
 """
 from __future__ import annotations
 
@@ -14,79 +15,13 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
-from oarctl.checkpoints import (HASHING, READING, WRITE_HASHING, load_policy, load_tokenizer, policy_identity,
-                                replace_directory, save_policy, sha256_file)
-from oarctl.config import UpdateConfig
+from oarctl.contract import Policy, StageContext, StageOutput  # noqa: F401 re-export for one release: oarctl.contract
 from oarctl.distributed import rank
 from oarctl.errors import InputError, OarError
-from oarctl.policy.canary import write_reference
-
-
-@dataclass
-class Policy:
-    """A policy folder, loaded only when a stage asks for the model."""
-    path: Path
-    device: str = "cpu"
-    backend: str = "transformers"  # concrete generation backend (oarctl.policy.backends), never "auto"
-    vllm: dict | None = None  # the vllm config section, for backend "vllm"
-    dtype: str = "float32"  # of the transformers weights `load` gives (attribute.dtype for attribute)
-    verified: bool = False  # its files were checked against checkpoint.json already (ranks sharing that out)
-    _loaded: tuple | None = None
-
-    @property
-    def identity(self) -> str:
-        return policy_identity(self.path)
-
-    def load(self):
-        if self._loaded is None:
-            self._loaded = load_policy(self.path, self.device, self.dtype, verified=self.verified)
-        return self._loaded
-
-    def load_tokenizer(self):
-        """The tokenizer alone, for stages that need no weights (e.g. segmentation)."""
-        return self._loaded[1] if self._loaded is not None else load_tokenizer(self.path)
-
-
-@dataclass
-class StageContext:
-    seed: int
-    step: int
-    policy: Policy | None = None
-    reference: Policy | None = None  # only set when the stage needs one (update with a KL term)
-    progress: bool = False
-    prompt_template: str = "chat"  # data.prompt_template, for the stages that build prompts
-    output: Path | None = None  # where the runner writes the stage's output (set by run_cached)
-    call_sync: object = None  # a CallSync when the policy is sharded over ranks (attribution/collective.py)
-
-
-@dataclass
-class Trained:
-    """What the update stage hands the runner to save as a checkpoint (on rank 0)."""
-    model: object
-    tokenizer: object
-    optimizer: object | None  # an optimizer or its state_dict(); None when the ranks wrote it (FSDP shards)
-    names: list[str]  # parameter names, in the optimizer's order
-    prewritten: dict = field(default_factory=dict)  # {relative path: sha256} of files the ranks already wrote
-    io: dict = field(default_factory=dict)  # the ranks' I/O of those files, for the manifest
-    save_dtype: str = "float32"  # of model.safetensors (update.save_dtype)
-    master_in_shards: bool = False  # the fp32 weights are in the ranks' shards, not master.safetensors
-    weights_written: bool = False  # the ranks wrote the weight files (FSDP): the runner writes the configs only
-    weight_file_mb: float = UpdateConfig.weight_file_mb
-
-
-@dataclass
-class StageOutput:
-    table: object  # pyarrow.Table
-    metrics: dict = field(default_factory=dict)
-    trained: Trained | None = None  # update only
-    # update under FSDP: called on every rank once the policy folder is in place, before the manifest;
-    # writes the training state and returns its I/O metrics (on rank 0)
-    after_commit: Callable[[], dict] | None = None
+from oarctl.hashing import HASHING, READING, sha256_file
 
 
 def _alive(pid: int) -> bool:
@@ -182,40 +117,12 @@ def write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, out
     return manifest
 
 
-def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
 def _write_outputs(stage, result: StageOutput, output: Path) -> tuple[str, dict]:
     """(the output's hash, metrics of the checkpoint's I/O: bytes written and hashed, seconds)."""
     if stage.output_kind != "policy":
         write_parquet(result.table, output)
         return sha256_file(output), {}
-    trained = result.trained
-    temporary = temporary_sibling(output)  # FSDP ranks may have written their weight files there already
-    hashed, started = dict(WRITE_HASHING), time.perf_counter()
-    identity = save_policy(trained.model, trained.tokenizer, temporary, trained.optimizer, trained.names,
-                           extra_files=[lambda d: write_parquet(result.table, d / "update.parquet"),
-                                        lambda d: write_reference(trained.model, trained.tokenizer, d)],  # vLLM canary's
-                           prewritten=trained.prewritten, save_dtype=trained.save_dtype,
-                           master=not trained.master_in_shards, max_file_mb=trained.weight_file_mb,
-                           weights_written=trained.weights_written)
-    io = {"checkpoint_bytes_written": _folder_bytes(temporary),
-          "checkpoint_bytes_hashed": WRITE_HASHING["bytes"] - hashed["bytes"]  # + what the ranks wrote and hashed
-          + trained.io.get("weight_file_bytes", 0),
-          "checkpoint_hash_seconds": round(WRITE_HASHING["seconds"] - hashed["seconds"], 3), **trained.io}
-    io["checkpoint_write_seconds"] = round(time.perf_counter() - started - io["checkpoint_hash_seconds"], 3)
-    replace_directory(temporary, output)
-    return identity, io
-
-
-def _with_training_state(io: dict, written: dict) -> dict:
-    """The checkpoint's I/O metrics with those of the training state the ranks wrote after the commit."""
-    if not written:
-        return io  # ranks other than 0
-    shards = written.get("optimizer_shard_bytes", 0)
-    return {**io, **written, "checkpoint_bytes_written": io["checkpoint_bytes_written"] + shards,
-            "checkpoint_bytes_hashed": io["checkpoint_bytes_hashed"] + shards}
+    return result.trained.write(result.table, output)  # the checkpoint: oarctl/training/save.py
 
 
 def _load_io(hashed: dict, read: dict) -> dict:
@@ -250,8 +157,8 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
     output_hash, io = _write_outputs(stage, result, output) if rank() == 0 else (None, {})
     if stage.output_kind == "policy":
         io["policy_ready_seconds"] = round(time.perf_counter() - started, 3)  # from here on it may be sampled
-    if result.after_commit is not None:
-        io = _with_training_state(io, result.after_commit())
+    if result.after_commit is not None:  # the training state, written by every rank (FSDP)
+        io = result.after_commit(io)
     io = {**load_io, **io}
     return write_manifest(output, parts, {**result.metrics, **io}, time.perf_counter() - started, output_hash), True
 

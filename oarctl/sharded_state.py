@@ -12,7 +12,7 @@ parameter's step count) goes to `optimizer.json` as in the one-process format.
 Loading reshards: DCP's planner matches the slices a rank needs against the slices in the files, so an
 FSDP run over any number of ranks, or one process (`read_full_state`, full tensors), reads the state
 another rank count wrote. The one-process format (`optimizer.safetensors`, whole tensors) is read by
-oarctl.checkpoints and scattered by FSDP itself (oarctl/stages/update.py).
+oarctl.checkpoints and scattered by FSDP itself (oarctl/training/setup.py).
 
 Each rank hashes the file it wrote (sha256, while its bytes are still in the page cache) and rank 0
 records all digests in checkpoint.json; at load, the files are verified once in all, shared out over
@@ -27,9 +27,13 @@ from pathlib import Path
 
 import torch
 
-from oarctl.checkpoints import (OPTIMIZER_STATE, SHARDED_OPTIMIZER, WRITE_HASHING, count_read, sha256_files,
-                                verify_checkpoint)
 from oarctl.errors import OarError
+from oarctl.hashing import WRITE_HASHING, count_read, sha256_files, verify_checkpoint
+
+# names in a checkpoint's training state that both AdamW formats share; defined here, not in checkpoints, so
+# that checkpoints (which reads a sharded state whole) imports this module and not the other way round
+SHARDED_OPTIMIZER = "optimizer"  # folder of AdamW shards, one file per FSDP rank
+OPTIMIZER_STATE = "optimizer.json"  # the scalar state (step counts), in either format
 
 SCALAR_KEYS = ("step",)  # AdamW's per-parameter scalars: in optimizer.json, not in the shards
 MASTER = "master"  # PARAMETER::master: the fp32 weights' slices, when model.safetensors is 16-bit

@@ -2,7 +2,7 @@
 (`accelerate launch -m oarctl.cli update-worker FOLDER -c RUN_DIR/config.yaml`) and sends one request
 per step, instead of one launch per step. Each rank runs the same update stage a launched `oarctl
 update` runs (pipeline.run_stage: same cache key, same checkpoint files, same manifest), but keeps the
-prepared model, AdamW state and KL reference in memory (stages/update.py, `Resident`), so from the
+prepared model, AdamW state and KL reference in memory (a training.setup.Resident), so from the
 second step on no process starts, no weights are read and nothing is wrapped again.
 
 The requests are files in FOLDER, written atomically by `oarctl run` (launch.UpdateWorker):
@@ -24,6 +24,7 @@ from oarctl.artifacts import write_bytes_atomically
 from oarctl.distributed import rank
 from oarctl.errors import OarError
 from oarctl.launch import READY_FILE, release_cuda_cache
+from oarctl.training.setup import Resident
 
 REQUEST = "request.json"
 
@@ -47,7 +48,7 @@ def serve(folder: Path, config, log) -> None:
     """Every rank: answer update requests until a stop request."""
     from oarctl.pipeline import run_stage
 
-    last = -1
+    last, resident = -1, Resident()  # what the ranks keep from one step to the next
     while True:
         request = _next_request(folder, last)
         last = request["id"]
@@ -56,7 +57,8 @@ def serve(folder: Path, config, log) -> None:
         os.environ[READY_FILE] = request["ready_file"]
         try:
             run_stage("update", config, {"advantages": Path(request["advantages"])}, Path(request["output"]),
-                      step=request["step"], policy_path=Path(request["policy"]), force=request["force"], log=log)
+                      step=request["step"], policy_path=Path(request["policy"]), force=request["force"], log=log,
+                      resident=resident)
             answer = {"ok": True}
         except OarError as error:
             answer = {"error": str(error)}

@@ -52,7 +52,7 @@ def scores(model, tokenizer, rows: list[int], sync, methods=METHODS) -> dict[str
 
     from oarctl.attribution import ATTRIBUTION_METHODS
     from oarctl.attribution.base import segment_rows
-    from oarctl.runner import StageContext
+    from oarctl.contract import StageContext
 
     table = rollout_table(tokenizer)
     rollouts = [segment_rows(table, tokenizer)[row] for row in rows]  # rows keep their global index (seeds)

@@ -350,7 +350,7 @@ def _gradient(model, rows, plan, config, pad_id: int) -> dict:
     model.zero_grad(set_to_none=True)
     for micro in plan:
         batch = {key: [rows[i][key] for i in micro.rows] for key in rows[0]}
-        loss, _ = update._micro_batch_loss(model, None, batch, config, pad_id)
+        loss, _ = update.micro_batch_loss(model, None, batch, config, pad_id)
         (loss * micro.numerator / micro.denominator).backward()
     return {name: p.grad.clone() for name, p in model.named_parameters()}
 

@@ -137,7 +137,7 @@ def _scored_per_rank(verified: dict, method: str, ranks: int = 2) -> list[np.nda
     from oarctl.attribution.base import segment_rows
     from oarctl.config import load_config
     from oarctl.pipeline import resolve_policy_path
-    from oarctl.runner import Policy, StageContext
+    from oarctl.contract import Policy, StageContext
     from oarctl.stages.attribute import rows_of_rank
 
     config = load_config(verified["config"], [f"attribute.method={method}"])

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from oarctl.config import load_config
+from oarctl.contract import Policy, StageContext
 from oarctl.errors import OarError
 from oarctl.policy import backends
-from oarctl.runner import Policy, StageContext, key_parts
+from oarctl.runner import key_parts
 
 
 def test_the_registry_holds_both_backends():

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from oarctl.checkpoints import load_policy, save_policy
+from oarctl.contract import Policy
 from oarctl.errors import OarError
 from oarctl.policy import canary, transformers_backend
-from oarctl.runner import Policy
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_the_reference_is_the_greedy_continuation_and_its_teacher_forced_logprob
 
 
 def test_a_model_assembled_on_meta_from_gathered_weights_gives_the_same_reference(tiny_policy, loaded):
-    """What an update under FSDP holds on rank 0 (update._plain_model): no rotary buffers until the
+    """What an update under FSDP holds on rank 0 (training.save._plain_model): no rotary buffers until the
     reference recomputes them."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -329,18 +329,18 @@ def test_a_three_step_run_hashes_each_checkpoint_file_once(cli, tiny_config, tmp
     import os
     from collections import Counter
 
-    from oarctl import checkpoints
+    from oarctl import hashing
 
     counts: Counter = Counter()
-    hash_bytes = checkpoints._hash_bytes
+    hash_bytes = hashing._hash_bytes
 
     def counted(path):
         status = os.stat(path)
         counts[(status.st_dev, status.st_ino)] += 1
         return hash_bytes(path)
 
-    monkeypatch.setattr(checkpoints, "_hash_bytes", counted)
-    monkeypatch.setattr(checkpoints, "_DIGESTS", {})
+    monkeypatch.setattr(hashing, "_hash_bytes", counted)
+    monkeypatch.setattr(hashing, "_DIGESTS", {})
     config = tiny_config(run={"steps": 3, "progress": False, "eval_every": 0, "keep_checkpoints": 3},
                          attribute={"method": "oar_g"})
     result = cli("run", "-c", config, "--run-dir", tmp_path / "R")
@@ -411,7 +411,7 @@ def test_a_check_beside_the_work_settles_before_the_results_leave(tmp_path):
     when the body is done (so its results are never written), and when the body fails first (a load
     error), the check's finding replaces that error. Each file is hashed once, even when the body verifies
     the same files itself at the same time."""
-    from oarctl.checkpoints import HASHING, verify_checkpoint
+    from oarctl.hashing import HASHING, verify_checkpoint
     from oarctl.distributed import checked_beside
 
     contents = {f"part-{i}.bin": os.urandom(1 << 20) for i in range(4)}
@@ -443,20 +443,20 @@ def test_a_check_beside_the_work_settles_before_the_results_leave(tmp_path):
 def test_the_digests_a_process_keeps_are_bounded(tmp_path, monkeypatch):
     """A long run writes files every step: the process keeps the newest DIGESTS_KEPT digests and no lock
     per file once hashed; a file still kept is not read again, an evicted one is hashed anew."""
-    from oarctl import checkpoints
+    from oarctl import hashing
 
-    monkeypatch.setattr(checkpoints, "_DIGESTS", {})
-    monkeypatch.setattr(checkpoints, "DIGESTS_KEPT", 3)
+    monkeypatch.setattr(hashing, "_DIGESTS", {})
+    monkeypatch.setattr(hashing, "DIGESTS_KEPT", 3)
     files = [tmp_path / f"f{i}" for i in range(5)]
     for index, path in enumerate(files):
         path.write_bytes(bytes([index]) * 10)
     tally = {"files": 0, "bytes": 0, "seconds": 0.0}
-    digests = [checkpoints.sha256_file(path, tally) for path in files]
+    digests = [hashing.sha256_file(path, tally) for path in files]
     assert digests == [sha256(path) for path in files] and tally["files"] == 5
-    assert len(checkpoints._DIGESTS) == 3 and checkpoints._HASHING_NOW == {}
-    checkpoints.sha256_file(files[4], tally)  # kept
+    assert len(hashing._DIGESTS) == 3 and hashing._HASHING_NOW == {}
+    hashing.sha256_file(files[4], tally)  # kept
     assert tally["files"] == 5
-    assert checkpoints.sha256_file(files[0], tally) == digests[0] and tally["files"] == 6  # evicted: read again
+    assert hashing.sha256_file(files[0], tally) == digests[0] and tally["files"] == 6  # evicted: read again
 
 
 def test_weight_file_plan_fills_files_in_name_order():
@@ -487,24 +487,25 @@ def test_large_weights_are_saved_in_several_files_that_load_back(tiny_policy, tm
 
 
 def test_a_persistent_worker_trains_on_from_memory_only_for_the_checkpoint_it_kept(tmp_path):
-    """update._resident hands the kept state over once, for the folder it was kept for and only while that
-    folder is unchanged; a step that fails after taking it leaves nothing kept, so the next one loads."""
+    """The worker's Resident hands the kept state over once, for the folder it was kept for and only while
+    that folder is unchanged; a step that fails after taking it leaves nothing kept, so the next one loads."""
     from types import SimpleNamespace
 
     from oarctl.checkpoints import policy_identity
-    from oarctl.stages import update
+    from oarctl.training.setup import KeptState, Resident, kept_state
 
     folder = tmp_path / "policy"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"weights")
-    context = SimpleNamespace(policy=SimpleNamespace(path=folder))
-    kept = update.Resident(None, "model", None, "adamw", [], None, folder, policy_identity(folder))
-    update._RESIDENT[:] = [kept]
-    assert update._resident(context) is kept and update._RESIDENT == []
-    assert update._resident(context) is None  # taken: a failed step cannot train on a half-changed model
-    update._RESIDENT[:] = [kept]
+    resident = Resident()
+    context = SimpleNamespace(policy=SimpleNamespace(path=folder), resident=resident)
+    kept = KeptState(None, "model", None, "adamw", [], None, folder, policy_identity(folder))
+    resident.keep(kept)
+    assert kept_state(context) is kept
+    assert kept_state(context) is None  # taken: a failed step cannot train on a half-changed model
+    resident.keep(kept)
     (folder / "model.safetensors").write_bytes(b"other weights")  # changed on disk since: read it
-    assert update._resident(context) is None and update._RESIDENT == []
-    update._RESIDENT[:] = [kept]
-    assert update._resident(SimpleNamespace(policy=SimpleNamespace(path=tmp_path / "elsewhere"))) is None
-    update._RESIDENT.clear()
+    assert kept_state(context) is None and kept_state(context) is None  # and no longer kept
+    resident.keep(kept)
+    assert resident.take(tmp_path / "elsewhere") is None
+    assert kept_state(SimpleNamespace(policy=SimpleNamespace(path=folder), resident=None)) is None  # no worker

@@ -158,7 +158,7 @@ def test_the_canary_teacher_forces_all_reference_tokens(served, tiny_policy):
 
 
 def _policy(path):
-    from oarctl.runner import Policy
+    from oarctl.contract import Policy
 
     return Policy(path, backend="vllm", vllm=SETTINGS)
 
@@ -290,7 +290,7 @@ def test_a_run_samples_each_step_from_the_checkpoint_update_wrote(served, cli, t
 
 
 def _replicated(path, count=2, **settings):
-    from oarctl.runner import Policy
+    from oarctl.contract import Policy
 
     return Policy(path, backend="vllm", vllm={**SETTINGS, "data_parallel_size": count, **settings})
 

@@ -54,11 +54,11 @@ from oarctl.attribution.collective import SYNCED_METHODS, CallSync, fsdp_gathere
 from oarctl.attribution.base import segment_rows
 from oarctl.attribution.rows import rows_to_score
 from oarctl.config import set_option, validate
+from oarctl.contract import StageContext
 from oarctl.distributed import fsdp_requested, keep_fsdp_on_cpu, rank
 from oarctl.errors import OarError
 from oarctl.integrations.trl_log import StepLog, check_trl_version
 from oarctl.reshaping import batch_response_weights, concentration_metrics
-from oarctl.runner import StageContext
 from oarctl.schema import AttributeConfig, Config, ReshapeConfig
 
 check_trl_version()

@@ -28,9 +28,10 @@ import numpy as np
 from oarctl.advantages import SCALES
 from oarctl.artifacts import make_table, temporary_sibling, write_bytes_atomically, write_parquet
 from oarctl.attribution.rows import outcome_mode, span_columns
-from oarctl.checkpoints import replace_directory, sha256_file
+from oarctl.checkpoints import replace_directory
 from oarctl.distributed import rank
 from oarctl.errors import OarError
+from oarctl.hashing import sha256_file
 from oarctl.schema import section_dict, to_dict
 
 TRL_VERSIONS = ("1.16", "2")  # supported: >= first, < second (pyproject's `trl` extra says the same)

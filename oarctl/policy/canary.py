@@ -143,7 +143,7 @@ def _verified_checkpoint_reference(directory: Path, weights: bool = True) -> dic
     """canary.json of a checkpoint we wrote, after checking what vLLM will read against checkpoint.json
     (weights unless `weights` is False, config, tokenizer, canary.json; each file hashed at most once per
     process)."""
-    from oarctl.checkpoints import MANIFEST, verify_checkpoint
+    from oarctl.hashing import MANIFEST, verify_checkpoint
 
     recorded = json.loads((directory / MANIFEST).read_text())["files"]
     if (directory / FILE).exists() and FILE not in recorded:
@@ -159,10 +159,10 @@ def _weight_file(name: str) -> bool:
 
 def reference_with_weight_check(policy):
     """(reference, check): the canary reference with every file the engines read verified except the
-    weight files, and `check`, a started checkpoints.BackgroundCheck of those (None when there is
+    weight files, and `check`, a started hashing.BackgroundCheck of those (None when there is
     nothing to check). The engines may load the weights meanwhile (reading safetensors runs no code),
     but nothing may be generated from them before `check.problem()` said None."""
-    from oarctl.checkpoints import MANIFEST, BackgroundCheck
+    from oarctl.hashing import MANIFEST, BackgroundCheck
 
     directory = Path(policy.path)
     if not (directory / MANIFEST).exists():
@@ -184,7 +184,7 @@ def _read_by_engines(name: str) -> bool:
 def reference_for(policy) -> dict:
     """The canary reference of a runner.Policy, for the process that starts engines: the checkpoint's
     own (verified), or computed once in a subprocess for a folder we did not write."""
-    from oarctl.checkpoints import MANIFEST
+    from oarctl.hashing import MANIFEST
 
     identity = policy.identity
     if identity not in _references:

@@ -214,7 +214,7 @@ def _generate_here(request: dict) -> dict:
     """Serve one generate request in a worker (the same engine as a single-engine run: served_engine; the
     load request before it reported how the engine was obtained)."""
     from oarctl.policy import vllm_backend
-    from oarctl.runner import Policy
+    from oarctl.contract import Policy
 
     if not request["prompts"]:  # more replicas than prompts
         return {"generations": []}
@@ -234,7 +234,7 @@ def _load_here(request: dict) -> dict:
     """Load (or keep) the engine for a policy and canary-check it; the parent verifies the weight files
     meanwhile, and asks for generations only after that."""
     from oarctl.policy import vllm_backend
-    from oarctl.runner import Policy
+    from oarctl.contract import Policy
 
     policy = Policy(Path(request["path"]), request["device"], "vllm", request["vllm"])
     vllm_backend.GPUS_FREE["file"] = request.get("gpus_free")

@@ -28,8 +28,8 @@ from oarctl.attribution import ATTRIBUTION_METHODS
 from oarctl.attribution.base import segment_rows
 from oarctl.attribution.rows import outcome_mode, rows_to_score, span_columns
 from oarctl.checkpoints import loaded_files
+from oarctl.contract import StageContext, StageOutput
 from oarctl.distributed import checked_beside, deal, gather_to_rank_zero, process_state, rank, world_size
-from oarctl.runner import StageContext, StageOutput
 
 VERSION = "3"  # 3: outcome_mode recorded for every OAR-P variant (was None but for oar_p)
 

@@ -18,9 +18,9 @@ from collections import defaultdict
 import numpy as np
 
 from oarctl.artifacts import make_table
+from oarctl.contract import StageContext, StageOutput
 from oarctl.metrics import group_metrics, vote_metrics
 from oarctl.policy.backends import generate
-from oarctl.runner import StageContext, StageOutput
 from oarctl.templates import encode, resolve as resolve_template
 from oarctl.verify import CHECKERS
 from oarctl.verify.equivalence import extraction_label

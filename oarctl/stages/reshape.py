@@ -16,9 +16,9 @@ import numpy as np
 
 from oarctl.advantages import ADVANTAGE_ESTIMATORS, token_advantages
 from oarctl.artifacts import extend_table
+from oarctl.contract import StageContext, StageOutput
 from oarctl.errors import InputError
 from oarctl.reshaping import batch_response_weights, concentration_metrics
-from oarctl.runner import StageContext, StageOutput
 
 VERSION = "3"  # 3: credit-concentration metrics (top10_mass_share, effective_tokens)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from oarctl.artifacts import make_table
+from oarctl.contract import StageContext, StageOutput
 from oarctl.policy.backends import engine_report, generate
-from oarctl.runner import StageContext, StageOutput
 from oarctl.templates import encode, resolve as resolve_template
 from oarctl.toy.truth import truth_column
 

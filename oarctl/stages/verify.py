@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from oarctl.artifacts import extend_table
+from oarctl.contract import StageContext, StageOutput
 from oarctl.errors import InputError
-from oarctl.runner import StageContext, StageOutput
 from oarctl.verify import CHECKERS, verdict_columns
 
 VERSION = "5"  # 4: verify.extraction and the extraction column. 5: lenient mode's second path
