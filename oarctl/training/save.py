@@ -25,11 +25,11 @@ from oarctl import sharded_state
 from oarctl.artifacts import temporary_sibling, write_parquet
 from oarctl.checkpoints import (TRAINING_STATE, policy_identity, replace_directory, save_policy, save_training_state,
                                 weight_file_plan, write_weight_files, write_weight_index)
-from oarctl.config import UpdateConfig
 from oarctl.contract import StageContext
 from oarctl.distributed import deepspeed, fsdp, gather_to_rank_zero, rank, sharded
 from oarctl.hashing import WRITE_HASHING
 from oarctl.launch import announce_ready, release_cuda_cache
+from oarctl.schema import UpdateConfig
 from oarctl.policy.canary import write_reference
 from oarctl.training.setup import KeptState
 
