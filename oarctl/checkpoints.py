@@ -31,8 +31,8 @@ from safetensors.torch import load_file, save_file
 from oarctl.errors import OarError
 from oarctl.hashing import MANIFEST, PRUNED, WRITE_HASHING, count_read, sha256_files, verify_checkpoint
 from oarctl.hashing import HASHING, READING, BackgroundCheck, sha256_file  # noqa: F401 re-export for one release: oarctl.hashing
-from oarctl.sharded_state import MASTER, OPTIMIZER_STATE, SHARDED_OPTIMIZER, has_master, read_full_state
 from oarctl.schema import UpdateConfig
+from oarctl.sharded_state import MASTER, OPTIMIZER_STATE, SHARDED_OPTIMIZER, has_master, read_full_state
 
 WEIGHTS = "model.safetensors"  # the weights in one file, or with WEIGHTS_INDEX, in several (transformers' names)
 WEIGHTS_INDEX = "model.safetensors.index.json"
