@@ -32,7 +32,6 @@ ended as a launch is: the ranks keep the model and AdamW state in memory between
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
@@ -44,6 +43,9 @@ import time
 from pathlib import Path
 
 from oarctl.errors import OarError
+from oarctl.processes import gpus
+from oarctl.processes.gpus import READY_FILE, rest_generation_engines
+from oarctl.processes.gpus import announce_ready, gpus_free_file, release_cuda_cache, wait_for_gpus  # noqa: F401  # re-export for one release: oarctl.processes.gpus
 
 
 def _free_port() -> int:
@@ -83,25 +85,6 @@ def update_command(config_file: str, advantages: Path, output: Path, policy: Pat
     return stage_command("update", config_file, advantages, output, policy, step, run_config, force)
 
 
-def rest_generation_engines() -> None:
-    """Free the memory of this process's vLLM engines (if any were started) while other stages run:
-    asleep on a GPU (kept for an in-place reload), shut down on CPU; then give back cached GPU memory."""
-    if "oarctl.policy.vllm_backend" in sys.modules:
-        sys.modules["oarctl.policy.vllm_backend"].rest_engine()
-    if "oarctl.policy.vllm_replicas" in sys.modules:
-        sys.modules["oarctl.policy.vllm_replicas"].rest()
-    gc.collect()
-    release_cuda_cache()
-
-
-def release_cuda_cache() -> None:
-    """Give torch's cached GPU memory back (to the engines, or to a launched stage); nothing on CPU."""
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def terminate_with_parent() -> None:
     """In the launcher, before it starts: SIGTERM it when the run's process dies (even by SIGKILL).
     torchrun then stops its ranks, so a killed run leaves no rank holding the GPUs, and the
@@ -123,22 +106,6 @@ def rank_dies_with_launcher() -> None:
     terminate_with_parent()
     if os.getppid() == 1:
         sys.exit("oarctl: this rank's launcher is gone; not running the stage on its own")
-
-
-READY_FILE = "OARCTL_READY_FILE"  # set for a launched update: the file its rank 0 writes once the policy is in place
-
-
-def announce_ready(output: Path) -> None:
-    """In a launched update's rank 0, once the policy folder is committed (its training state still to
-    come): tell the `oarctl run` that launched it, which samples from the policy meanwhile."""
-    from oarctl.artifacts import write_bytes_atomically
-
-    target = os.environ.get(READY_FILE)
-    if target:
-        write_bytes_atomically(target, json.dumps({"policy": str(output)}))
-
-
-_holding_gpus: list = []  # the Pending whose ranks may still hold GPU memory (at most one)
 
 
 def _marker(output: Path, kind: str) -> Path:
@@ -173,13 +140,12 @@ class Pending:
         """No marker of an earlier try stands; this is now the work that may hold GPU memory."""
         for marker in (self.ready_file, self.ended_file):
             marker.unlink(missing_ok=True)
-        _holding_gpus[:] = [self]
+        gpus.hold(self.ended_file)
 
     def _forget(self) -> None:
         for marker in (self.ready_file, self.ended_file):
             marker.unlink(missing_ok=True)
-        if self in _holding_gpus:
-            _holding_gpus.clear()
+        gpus.let_go(self.ended_file)
 
 
 class Launched(Pending):
@@ -295,21 +261,6 @@ def update_worker(config, run_dir: Path, log=print) -> UpdateWorker:
 def stop_update_worker() -> None:
     while _workers:
         _workers.pop().stop()
-
-
-def gpus_free_file() -> str | None:
-    """The file that appears when the launch still holding GPU memory has ended (None: no such launch)."""
-    return str(_holding_gpus[0].ended_file) if _holding_gpus else None
-
-
-def wait_for_gpus(ended_file: str | None = None, poll_seconds: float = 0.05) -> float:
-    """Wait until the launched stage that may still hold GPU memory has ended: the one this process
-    started, or the one whose `ended_file` a parent named. Returns the seconds waited."""
-    ended_file = ended_file or gpus_free_file()
-    started = time.perf_counter()
-    while ended_file and not Path(ended_file).exists():
-        time.sleep(poll_seconds)
-    return time.perf_counter() - started
 
 
 def start_stage(stage: str, config, input_path: Path, output: Path, policy: Path, step: int, run_config: Path,

@@ -21,8 +21,9 @@ import yaml
 from oarctl import config as config_module
 from oarctl.artifacts import write_bytes_atomically, write_parquet
 from oarctl.errors import OarError
-from oarctl.launch import (accelerate_config, launch_stage, rest_generation_engines, start_stage, stop_update_worker,
-                           update_worker)
+from oarctl.launch import accelerate_config, launch_stage, start_stage, stop_update_worker, update_worker
+from oarctl.processes import gpus
+from oarctl.processes.gpus import rest_generation_engines
 from oarctl.logging_backends import MetricsSinks
 from oarctl.report.run_report import read_metrics
 from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
@@ -229,7 +230,7 @@ def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force
         output = folder / STEP_OUTPUTS[name]
         (input_name,) = stage.inputs
         inputs = {input_name: previous[name]}
-        if name in launched or (name == "verify" and _gpus_shared()):
+        if name in launched or (name == "verify" and gpus.shared_with_launches()):
             settle()
         if name == "update" and name in launched:
             return metrics, _update_in_background(config, inputs, output, step, policy, run_dir, force, log)
@@ -245,15 +246,6 @@ def _run_step(config, run_dir: Path, step: int, train: Path, policy: Path, force
         if following < len(STEP_STAGES):
             previous[STEP_STAGES[following]] = output
     return metrics, lambda: metrics.pop("update")
-
-
-def _gpus_shared() -> bool:
-    """On GPUs the update ranks still writing their training state hold their shards: the engines map
-    their KV cache only once the launch has ended (launch.wait_for_gpus), and after sampling the step
-    waits for it too, so that an in-process attribute stage never runs beside the ranks."""
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _update_in_background(config, inputs: dict, output: Path, step: int, policy: Path, run_dir: Path,

@@ -48,7 +48,8 @@ import time
 from pathlib import Path
 
 from oarctl.errors import OarError
-from oarctl.launch import release_cuda_cache
+from oarctl.processes import gpus
+from oarctl.processes.gpus import release_cuda_cache
 from oarctl.policy import canary
 from oarctl.policy.transformers_backend import Generation
 
@@ -147,18 +148,13 @@ def reload_weights(llm, path: Path) -> None:
     llm.reset_prefix_cache()
 
 
-GPUS_FREE = {"file": None}  # in a replica: the file its parent said appears once the GPUs are free
-
-
 def _wake_and_reload(llm, path: Path) -> None:
     """A sleeping engine: map its weight memory again, fill it from `path`, then map its KV cache (so
     the reload's temporaries never meet a full KV cache). The KV cache waits for a launched update
-    still writing its training state to end: its ranks hold their shards until then (oarctl/launch.py)."""
-    from oarctl.launch import wait_for_gpus
-
+    still writing its training state to end: its ranks hold their shards until then (oarctl/processes/gpus.py)."""
     llm.wake_up(tags=["weights"])
     llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
-    wait_for_gpus(GPUS_FREE["file"])
+    gpus.wait_for_gpus()
     llm.wake_up(tags=["kv_cache"])
     llm.reset_prefix_cache()
 
@@ -218,6 +214,7 @@ def engine(path: str | Path, settings: dict, identity: str, in_place: bool | Non
     else:
         release_engine()
         _engine["llm"] = _build(weights_folder(path), settings)
+        gpus.on_rest(rest_engine)  # attribute and update get its memory while they run
         how = "built"
     _engine.update(key=key, identity=identity, path=path, asleep=False)
     return _engine["llm"], how

@@ -38,6 +38,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from oarctl.errors import OarError
+from oarctl.processes import gpus
 from oarctl.policy.transformers_backend import Generation
 
 CORES_VARIABLE = "OARCTL_REPLICA_CORES"  # a worker pins itself to these cores (CPU only)
@@ -139,6 +140,7 @@ def replicas(settings: dict) -> list[Replica]:
     if _running.get("key") != key:
         stop()
         _running.update(key=key, replicas=[_start(i, env) for i, env in enumerate(_environments(settings))])
+        gpus.on_rest(rest)  # attribute and update get their memory while they run
     return _running["replicas"]
 
 
@@ -164,11 +166,9 @@ def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, t
 
     reference, weight_check = (canary.reference_with_weight_check(policy) if policy.vllm["canary_tokens"]
                                else (None, None))
-    from oarctl.launch import gpus_free_file
-
     running = replicas(policy.vllm)
     served = {"path": str(policy.path), "device": policy.device, "vllm": policy.vllm, "canary": reference}
-    gate = {"gpus_free": gpus_free_file()}  # a launched update still ending: KV caches wait for it
+    gate = {"gpus_free": gpus.gpus_free_file()}  # a launched update still ending: KV caches wait for it
     # the replicas load (and canary-check) the weights while this process verifies them; nothing is
     # generated before that check has passed
     loads = vllm_backend.loaded_while_checked(lambda: _exchange(running, [{"kind": "load", **served, **gate}] * len(running)),
@@ -237,13 +237,11 @@ def _load_here(request: dict) -> dict:
     from oarctl.runner import Policy
 
     policy = Policy(Path(request["path"]), request["device"], "vllm", request["vllm"])
-    vllm_backend.GPUS_FREE["file"] = request.get("gpus_free")
     try:
-        vllm_backend.served_engine(policy, reference=request["canary"])
+        with gpus.named(request.get("gpus_free")):
+            vllm_backend.served_engine(policy, reference=request["canary"])
     except OarError as error:
         return {"error": str(error)}
-    finally:
-        vllm_backend.GPUS_FREE["file"] = None
     return {"engine": vllm_backend.load_report()}
 
 
@@ -279,10 +277,8 @@ def serve(descriptor: int) -> None:
 def _release_cached_memory() -> None:
     import gc
 
-    from oarctl.launch import release_cuda_cache
-
     gc.collect()
-    release_cuda_cache()
+    gpus.release_cuda_cache()
 
 
 if __name__ == "__main__":
