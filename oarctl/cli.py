@@ -131,11 +131,12 @@ def update(advantages: Path, output: Path = OutputOption, policy: Optional[Path]
 @user_errors
 def update_worker(folder: Path, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
     """The ranks of a persistent update worker (update.persistent): launched once by `oarctl run`,
-    they answer one update request per step from FOLDER (oarctl/update_worker.py)."""
-    from oarctl.update_worker import serve
+    they answer one update request per step from FOLDER (oarctl/processes/update_worker.py)."""
+    from oarctl.pipeline import run_stage
+    from oarctl.processes.update_worker import serve
 
     try:
-        serve(folder, _config(config, set), _log)
+        serve(folder, _config(config, set), _log, run_stage)
     finally:
         from oarctl.distributed import release_process_group
 
@@ -322,7 +323,7 @@ def toy_build(output: Path = typer.Option(None, "-o", "--output", help="default:
 
 def main() -> None:  # pragma: no cover
     if "WORLD_SIZE" in os.environ:  # a rank under accelerate launch / torchrun
-        from oarctl.launch import rank_dies_with_launcher
+        from oarctl.processes.launch import rank_dies_with_launcher
 
         rank_dies_with_launcher()
     sys.exit(app())

@@ -21,7 +21,7 @@ import yaml
 from oarctl import config as config_module
 from oarctl.artifacts import write_bytes_atomically, write_parquet
 from oarctl.errors import OarError
-from oarctl.launch import accelerate_config, launch_stage, start_stage, stop_update_worker, update_worker
+from oarctl.processes.launch import accelerate_config, launch_stage, start_stage, stop_update_worker, update_worker
 from oarctl.processes import gpus
 from oarctl.processes.gpus import rest_generation_engines
 from oarctl.logging_backends import MetricsSinks
@@ -274,7 +274,7 @@ def _update_in_background(config, inputs: dict, output: Path, step: int, policy:
 
 def _launched_stage(name: str, config, inputs: dict, output: Path, step: int, policy: Path, run_dir: Path,
                     force: bool, log) -> None:
-    """The step's stage under `accelerate launch` (oarctl/launch.py), unless it is already done."""
+    """The step's stage under `accelerate launch` (oarctl/processes/launch.py), unless it is already done."""
     if not force and stage_state(name, config, inputs, output, step=step, policy_path=policy) == "done":
         return
     (input_path,) = inputs.values()

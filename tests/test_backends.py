@@ -220,8 +220,7 @@ def test_on_cuda_the_kv_cache_waits_for_a_launched_update_still_writing(fake_eng
     launch has ended. A replica learns of that launch from its load request (the file its end makes)."""
     import sys
 
-    from oarctl import launch
-    from oarctl.processes import gpus
+    from oarctl.processes import gpus, launch
     from oarctl.policy import vllm_replicas
 
     vllm_backend, calls, (a, b, _) = fake_engines
