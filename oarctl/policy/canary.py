@@ -57,7 +57,7 @@ def compute_reference(model, tokenizer, tokens: int = REFERENCE_TOKENS) -> dict:
     import torch
 
     from oarctl.policy import transformers_backend
-    from oarctl.policy.vllm_backend import teacher_forced_logprobs
+    from oarctl.policy.logprobs import teacher_forced_logprobs
 
     prompt = canary_prompt(tokenizer)
     _materialize_meta_buffers(model)

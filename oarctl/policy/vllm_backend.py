@@ -254,20 +254,6 @@ def generate_with(llm, prompt_token_ids: list[list[int]], *, temperature: float,
     return [_to_generation(output.outputs[0]) for output in outputs]
 
 
-def teacher_forced_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                            temperature: float = 1.0) -> list[list[float]]:
-    """log_softmax(logits / temperature) of given response tokens: what the update stage recomputes
-    (the same helper, oarctl.policy.logprobs.response_token_stats). Used by oarctl.policy.canary and
-    the tests, never in an engine's process."""
-    import torch
-
-    from oarctl.policy.logprobs import response_token_stats
-
-    with torch.no_grad():
-        logprobs, _ = response_token_stats(model, prompts, responses, pad_id, temperature)
-    return [logprobs[row, :len(response)].tolist() for row, response in enumerate(responses)]
-
-
 def served_dtype(path: Path, settings: dict) -> str:
     """vllm.dtype, with 'auto' read from the checkpoint's config.json as vLLM does."""
     if settings["dtype"] != "auto":
@@ -395,13 +381,9 @@ def load_report() -> dict:
 
 def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, top_p: float,
              max_new_tokens: int, seed: int, batch_size: int = 0, progress: bool = False) -> list[Generation]:
-    """The registry entry: serve `policy` (a runner.Policy) with vLLM, canary-checked after each load,
-    on one engine in this process or on `vllm.data_parallel_size` replicas (vllm_replicas)."""
-    if policy.vllm["data_parallel_size"] > 1:
-        from oarctl.policy import vllm_replicas
-
-        return vllm_replicas.generate(policy, prompt_token_ids, temperature=temperature, top_p=top_p,
-                                      max_new_tokens=max_new_tokens, seed=seed, progress=progress)
+    """Serve `policy` (a runner.Policy) with vLLM on one engine in this process, canary-checked after each
+    load. The registry entry (oarctl/policy/backends.py) sends `vllm.data_parallel_size` > 1 to
+    vllm_replicas instead, which builds on this module (so this one never imports it)."""
     llm = served_engine(policy)
     return generate_with(llm, prompt_token_ids, temperature=temperature, top_p=top_p,
                          max_new_tokens=max_new_tokens, seed=seed, progress=progress)
