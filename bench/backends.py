@@ -70,7 +70,7 @@ def main() -> None:
     args = _arguments()
     from oarctl.checkpoints import load_policy, policy_identity
     from oarctl.config import load_config, section_dict
-    from oarctl.pipeline import resolve_policy_path
+    from oarctl.policy.paths import resolve_policy_path
     from oarctl.policy import transformers_backend, vllm_backend
 
     path = resolve_policy_path(args.policy)

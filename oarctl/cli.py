@@ -50,7 +50,8 @@ def _log(message: str) -> None:
 
 def _stage_command(name: str, input_path: Path, output: Path, config_file, overrides, *, policy=None,
                    step: int = 0, force: bool = False) -> None:
-    from oarctl.pipeline import STAGES, resolve_policy_path, run_stage
+    from oarctl.pipeline import STAGES, run_stage
+    from oarctl.policy.paths import resolve_policy_path
 
     config = _config(config_file, overrides)
     (input_name,) = STAGES[name].inputs
@@ -153,7 +154,8 @@ def evaluate(prompts: Optional[Path] = typer.Argument(None, help="prompts file (
     benchmark of evaluate.benchmarks -> eval results, plus <output>.summary.md / .summary.json."""
     import time
 
-    from oarctl.pipeline import evaluate_command, resolve_policy_path
+    from oarctl.pipeline import evaluate_command
+    from oarctl.policy.paths import resolve_policy_path
     from oarctl.summary import markdown
 
     settings = _config(config, set)
@@ -254,7 +256,7 @@ def fidelity(verified: Path, output: Path = OutputOption, policy: Optional[Path]
     """Recall of each method's top-K% tokens against a counterfactual oracle -> fidelity (+ .md, .png).
     Cached like a stage: the same input, policy and options reuse the finished output."""
     from oarctl.fidelity import run_fidelity
-    from oarctl.pipeline import resolve_policy_path
+    from oarctl.policy.paths import resolve_policy_path
 
     overrides = list(set or [])
     if sample_size is not None:

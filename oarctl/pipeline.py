@@ -25,6 +25,7 @@ from oarctl.processes.launch import accelerate_config, launch_stage, start_stage
 from oarctl.processes import gpus
 from oarctl.processes.gpus import rest_generation_engines
 from oarctl.logging_backends import MetricsSinks
+from oarctl.policy.paths import resolve_policy_path  # re-export for one release: oarctl.policy.paths
 from oarctl.report.run_report import read_metrics
 from oarctl.runner import (Policy, StageContext, key_parts, read_manifest, run_cached, sweep_dead_temporaries,
                            why_stale)
@@ -52,35 +53,6 @@ STAGES = {s.name: s for s in [
 STEP_STAGES = ["sample", "verify", "attribute", "reshape", "update"]
 STEP_OUTPUTS = {"sample": "rollouts.parquet", "verify": "verified.parquet", "attribute": "attributions.parquet",
                 "reshape": "advantages.parquet", "update": "policy"}
-
-
-def resolve_policy_path(path: str) -> Path:
-    from oarctl.toy import EMBEDDED_POLICIES, base_policy_dir
-
-    if path in EMBEDDED_POLICIES:
-        return base_policy_dir(path)
-    if not Path(path).exists() and _is_hub_name(path):
-        return _hub_snapshot(path)
-    return Path(path)
-
-
-def _is_hub_name(path: str) -> bool:
-    """`owner/name` that is not a local path: a Hugging Face model repository."""
-    owner, slash, name = path.partition("/")
-    return bool(slash and owner and name) and "/" not in name and not path.startswith((".", "~"))
-
-
-def _hub_snapshot(repo_id: str) -> Path:
-    """The model's files in the Hugging Face cache (downloaded unless HF_HUB_OFFLINE is set).
-    Only safetensors weights, configs and tokenizer files: pickled weights are never fetched."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model",
-                                                               "*.jinja", "*.tiktoken"]))
-    except Exception as error:  # noqa: BLE001 - hub errors come in many types; all mean "not available"
-        first = (str(error).splitlines() or [type(error).__name__])[0]
-        raise OarError(f"policy.path: cannot fetch Hugging Face model {repo_id!r} ({first})") from None
 
 
 def _stage_context(name: str, config, step: int, policy_path: Path | None) -> StageContext:

@@ -136,7 +136,7 @@ def _scored_per_rank(verified: dict, method: str, ranks: int = 2) -> list[np.nda
     from oarctl.attribution import ATTRIBUTION_METHODS
     from oarctl.attribution.oar import segment_rows
     from oarctl.config import load_config
-    from oarctl.pipeline import resolve_policy_path
+    from oarctl.policy.paths import resolve_policy_path
     from oarctl.runner import Policy, StageContext
     from oarctl.stages.attribute import rows_of_rank
 
