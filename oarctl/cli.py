@@ -1,4 +1,4 @@
-"""The `oarctl` command line: parses arguments and calls the pipeline. No logic lives here.
+"""The `oarctl` command line: parses arguments and calls the pipeline (one stage) or the loop (run, status).
 
 User errors (bad files, options, configs) print one line and exit with code 2.
 """
@@ -154,7 +154,7 @@ def evaluate(prompts: Optional[Path] = typer.Argument(None, help="prompts file (
     benchmark of evaluate.benchmarks -> eval results, plus <output>.summary.md / .summary.json."""
     import time
 
-    from oarctl.pipeline import evaluate_command
+    from oarctl.loop import evaluate_command
     from oarctl.policy.paths import resolve_policy_path
     from oarctl.summary import markdown
 
@@ -176,7 +176,7 @@ def run(config: Optional[Path] = ConfigOption, run_dir: Optional[Path] = typer.O
     """The whole loop: evaluate base, then sample -> verify -> attribute -> reshape -> update per step."""
     import time
 
-    from oarctl.pipeline import run_loop
+    from oarctl.loop import run_loop
 
     overrides = list(set or []) + ([f"run.steps={steps}"] if steps is not None else [])
     settings = _config(config, overrides)
@@ -237,7 +237,7 @@ def compare(run_dirs: List[Path], output: Path = typer.Option(
 @user_errors
 def status(run_dir: Path, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
     """Which stages of which steps are done, and why the others would run."""
-    from oarctl.pipeline import run_status
+    from oarctl.loop import run_status
 
     if not run_dir.is_dir():
         raise OarError(f"{run_dir}: run folder not found")

@@ -350,11 +350,11 @@ def test_only_the_vllm_backend_adds_engine_metrics(monkeypatch):
 
 def test_a_step_rests_the_engines_after_sample_before_attribute(monkeypatch, tmp_path):
     """In-process stages too: attribute and update get the engines' memory while they run."""
-    from oarctl import pipeline
+    from oarctl import loop
 
     order = []
-    monkeypatch.setattr(pipeline, "run_stage", lambda name, *a, **k: order.append(name) or ({"metrics": {}}, True))
-    monkeypatch.setattr(pipeline, "rest_generation_engines", lambda: order.append("rest"))
-    pipeline._run_step(load_config(None, []), tmp_path, 0, tmp_path / "train.parquet", tmp_path, False, print,
-                       lambda: order.append("settle"))
+    monkeypatch.setattr(loop, "run_stage", lambda name, *a, **k: order.append(name) or ({"metrics": {}}, True))
+    monkeypatch.setattr(loop, "rest_generation_engines", lambda: order.append("rest"))
+    loop.run_step(load_config(None, []), tmp_path, 0, tmp_path / "train.parquet", tmp_path, False, print,
+                  lambda: order.append("settle"))
     assert order == ["sample", "rest", "verify", "attribute", "reshape", "update"]
