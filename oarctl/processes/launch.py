@@ -27,8 +27,10 @@ meanwhile, so the engines reload their weights in place beside them but map thei
 once the launch has ended (`gpus.wait_for_gpus`, called between the two by oarctl/policy/vllm_backend.py).
 
 With update.persistent the update is launched once for the run instead (`UpdateWorker`, the ranks'
-loop in oarctl/processes/update_worker.py) and sent one request per step (`WorkerRequest`), which is ready and
-ended as a launch is: the ranks keep the model and AdamW state in memory between steps.
+loop in oarctl/processes/update_worker.py) and sent one request per step (`WorkerRequest`), which is
+ready and ended as a launch is: the ranks keep the model and AdamW state in memory between steps.
+Which launch may still hold GPU memory is recorded in oarctl/processes/gpus.py (`Pending` holds and
+lets go).
 """
 from __future__ import annotations
 
@@ -176,8 +178,8 @@ class Launched(Pending):
 
 
 class UpdateWorker:
-    """The update ranks of a whole run, launched once (update.persistent; oarctl/processes/update_worker.py), sent
-    one request per step. Its folder of requests is a hidden temporary of the run's process."""
+    """The update ranks of a whole run, launched once (update.persistent; oarctl/processes/update_worker.py),
+    sent one request per step. Its folder of requests is a hidden temporary of the run's process."""
 
     def __init__(self, config, run_dir: Path, log=print):
         self.config_file = config.update.accelerate_config
