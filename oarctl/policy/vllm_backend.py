@@ -48,10 +48,10 @@ import time
 from pathlib import Path
 
 from oarctl.errors import OarError
-from oarctl.processes import gpus
-from oarctl.processes.gpus import release_cuda_cache
 from oarctl.policy import canary
 from oarctl.policy.transformers_backend import Generation
+from oarctl.processes import gpus
+from oarctl.processes.gpus import release_cuda_cache
 
 _engine: dict = {}  # the process's one engine: {"key", "llm", "identity", "path", "asleep"}
 _load_report: dict = {}  # how the last `generate` got its engine (load_report)

@@ -38,8 +38,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from oarctl.errors import OarError
-from oarctl.processes import gpus
 from oarctl.policy.transformers_backend import Generation
+from oarctl.processes import gpus
 
 CORES_VARIABLE = "OARCTL_REPLICA_CORES"  # a worker pins itself to these cores (CPU only)
 _running: dict = {}  # {"key": settings the replicas were started with, "replicas": [Replica]}
