@@ -52,15 +52,15 @@ def _best(call, repeats: int) -> tuple[float, int]:
 
 def _replicated(path, settings: dict, prompts, sampling: dict, args) -> tuple:
     """N engines in worker processes; start-up = the first call (workers start, build, canary-check)."""
-    from oarctl.policy import vllm_backend, vllm_replicas
+    from oarctl.policy import vllm_replicas
     from oarctl.runner import Policy
 
     policy = Policy(path, args.device, "vllm", settings)
     started = time.perf_counter()
-    vllm_backend.generate(policy, prompts[:1], **sampling)
+    vllm_replicas.generate(policy, prompts[:1], **sampling)
     load = time.perf_counter() - started
     try:
-        seconds, tokens = _best(lambda: vllm_backend.generate(policy, prompts, **sampling), args.repeats)
+        seconds, tokens = _best(lambda: vllm_replicas.generate(policy, prompts, **sampling), args.repeats)
     finally:
         vllm_replicas.stop()
     return f"vllm x{args.data_parallel}", load, seconds, tokens
@@ -70,7 +70,7 @@ def main() -> None:
     args = _arguments()
     from oarctl.checkpoints import load_policy, policy_identity
     from oarctl.config import load_config, section_dict
-    from oarctl.pipeline import resolve_policy_path
+    from oarctl.policy.paths import resolve_policy_path
     from oarctl.policy import transformers_backend, vllm_backend
 
     path = resolve_policy_path(args.policy)

@@ -103,7 +103,7 @@ def main() -> None:
     from oarctl.config import load_config
     from oarctl.fidelity import sample_rows
     from oarctl.fidelity_truth import reasoning_classes
-    from oarctl.pipeline import resolve_policy_path
+    from oarctl.policy.paths import resolve_policy_path
     from oarctl.runner import Policy, StageContext
 
     torch.set_num_threads(1)

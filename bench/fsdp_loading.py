@@ -60,7 +60,7 @@ def random_policy(folder: Path, hidden: int, layers: int, vocabulary: int) -> Pa
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from oarctl.pipeline import resolve_policy_path
+    from oarctl.policy.paths import resolve_policy_path
     from oarctl.checkpoints import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_policy_path("toy"))
@@ -80,7 +80,7 @@ def random_policy(folder: Path, hidden: int, layers: int, vocabulary: int) -> Pa
 def launched_update(advantages: Path, config: Path, policy: Path, output: Path, rank_zero_only: bool) -> dict:
     """The update under accelerate launch on 2 CPU ranks (the command `oarctl run` launches); its manifest's
     metrics."""
-    from oarctl.launch import update_command
+    from oarctl.processes.launch import update_command
 
     settings = yaml.safe_load(FSDP.read_text())
     settings["fsdp_config"].update(fsdp_cpu_ram_efficient_loading=rank_zero_only, fsdp_sync_module_states=rank_zero_only)

@@ -1,4 +1,4 @@
-"""The `oarctl` command line: parses arguments and calls the pipeline. No logic lives here.
+"""The `oarctl` command line: parses arguments and calls the pipeline (one stage) or the loop (run, status).
 
 User errors (bad files, options, configs) print one line and exit with code 2.
 """
@@ -50,7 +50,8 @@ def _log(message: str) -> None:
 
 def _stage_command(name: str, input_path: Path, output: Path, config_file, overrides, *, policy=None,
                    step: int = 0, force: bool = False) -> None:
-    from oarctl.pipeline import STAGES, resolve_policy_path, run_stage
+    from oarctl.pipeline import STAGES, run_stage
+    from oarctl.policy.paths import resolve_policy_path
 
     config = _config(config_file, overrides)
     (input_name,) = STAGES[name].inputs
@@ -131,11 +132,12 @@ def update(advantages: Path, output: Path = OutputOption, policy: Optional[Path]
 @user_errors
 def update_worker(folder: Path, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
     """The ranks of a persistent update worker (update.persistent): launched once by `oarctl run`,
-    they answer one update request per step from FOLDER (oarctl/update_worker.py)."""
-    from oarctl.update_worker import serve
+    they answer one update request per step from FOLDER (oarctl/processes/update_worker.py)."""
+    from oarctl.pipeline import run_stage
+    from oarctl.processes.update_worker import serve
 
     try:
-        serve(folder, _config(config, set), _log)
+        serve(folder, _config(config, set), _log, run_stage)
     finally:
         from oarctl.distributed import release_process_group
 
@@ -152,7 +154,8 @@ def evaluate(prompts: Optional[Path] = typer.Argument(None, help="prompts file (
     benchmark of evaluate.benchmarks -> eval results, plus <output>.summary.md / .summary.json."""
     import time
 
-    from oarctl.pipeline import evaluate_command, resolve_policy_path
+    from oarctl.loop import evaluate_command
+    from oarctl.policy.paths import resolve_policy_path
     from oarctl.summary import markdown
 
     settings = _config(config, set)
@@ -173,7 +176,7 @@ def run(config: Optional[Path] = ConfigOption, run_dir: Optional[Path] = typer.O
     """The whole loop: evaluate base, then sample -> verify -> attribute -> reshape -> update per step."""
     import time
 
-    from oarctl.pipeline import run_loop
+    from oarctl.loop import run_loop
 
     overrides = list(set or []) + ([f"run.steps={steps}"] if steps is not None else [])
     settings = _config(config, overrides)
@@ -234,7 +237,7 @@ def compare(run_dirs: List[Path], output: Path = typer.Option(
 @user_errors
 def status(run_dir: Path, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
     """Which stages of which steps are done, and why the others would run."""
-    from oarctl.pipeline import run_status
+    from oarctl.loop import run_status
 
     if not run_dir.is_dir():
         raise OarError(f"{run_dir}: run folder not found")
@@ -253,7 +256,7 @@ def fidelity(verified: Path, output: Path = OutputOption, policy: Optional[Path]
     """Recall of each method's top-K% tokens against a counterfactual oracle -> fidelity (+ .md, .png).
     Cached like a stage: the same input, policy and options reuse the finished output."""
     from oarctl.fidelity import run_fidelity
-    from oarctl.pipeline import resolve_policy_path
+    from oarctl.policy.paths import resolve_policy_path
 
     overrides = list(set or [])
     if sample_size is not None:
@@ -323,7 +326,7 @@ def toy_build(output: Path = typer.Option(None, "-o", "--output", help="default:
 
 def main() -> None:  # pragma: no cover
     if "WORLD_SIZE" in os.environ:  # a rank under accelerate launch / torchrun
-        from oarctl.launch import rank_dies_with_launcher
+        from oarctl.processes.launch import rank_dies_with_launcher
 
         rank_dies_with_launcher()
     sys.exit(app())

@@ -136,8 +136,8 @@ def _scored_per_rank(verified: dict, method: str, ranks: int = 2) -> list[np.nda
     from oarctl.attribution import ATTRIBUTION_METHODS
     from oarctl.attribution.base import segment_rows
     from oarctl.config import load_config
-    from oarctl.pipeline import resolve_policy_path
     from oarctl.contract import Policy, StageContext
+    from oarctl.policy.paths import resolve_policy_path
     from oarctl.stages.attribute import rows_of_rank
 
     config = load_config(verified["config"], [f"attribute.method={method}"])

@@ -221,7 +221,7 @@ def test_on_cuda_the_kv_cache_waits_for_a_launched_update_still_writing(fake_eng
     launch has ended. A replica learns of that launch from its load request (the file its end makes)."""
     import sys
 
-    from oarctl import launch
+    from oarctl.processes import gpus, launch
     from oarctl.policy import vllm_replicas
 
     vllm_backend, calls, (a, b, _) = fake_engines
@@ -235,16 +235,30 @@ def test_on_cuda_the_kv_cache_waits_for_a_launched_update_still_writing(fake_eng
         ("wake", tuple(tags), pending.process.poll() is not None)))
     vllm_backend.served_engine(b)
     assert calls == [("wake", ("weights",), False), ("reload_weights", "B"), ("wake", ("kv_cache",), True)]
-    assert launch.gpus_free_file() == str(pending.ended_file)
+    assert gpus.gpus_free_file() == str(pending.ended_file)
     pending.finish()
-    assert launch.gpus_free_file() is None and launch.wait_for_gpus() < 0.01
+    assert gpus.gpus_free_file() is None and gpus.wait_for_gpus() < 0.01
     # in a replica: the parent's launch is named in the load request, and forgotten after it
     seen = []
-    monkeypatch.setattr(vllm_backend, "served_engine", lambda policy, reference: seen.append(
-        vllm_backend.GPUS_FREE["file"]))
+    monkeypatch.setattr(vllm_backend, "served_engine", lambda policy, reference: seen.append(gpus.gpus_free_file()))
     vllm_replicas._load_here({"path": str(b.path), "device": "cpu", "vllm": b.vllm, "canary": None,
                               "gpus_free": "/run/ended"})
-    assert seen == ["/run/ended"] and vllm_backend.GPUS_FREE["file"] is None
+    assert seen == ["/run/ended"] and gpus.gpus_free_file() is None
+
+
+def test_a_built_engine_registers_its_rest_hook_with_the_gpu_hand_off(fake_engines, monkeypatch):
+    """rest_generation_engines rests exactly the engines that registered (no lookup of loaded modules)."""
+    from oarctl.processes import gpus
+
+    vllm_backend, calls, (a, _, _) = fake_engines
+    monkeypatch.setattr(gpus, "_rest_hooks", [])
+    monkeypatch.setattr(vllm_backend, "reload_in_place_works", lambda: True)
+    gpus.rest_generation_engines()  # nothing registered: nothing to rest
+    vllm_backend.served_engine(a)
+    vllm_backend.served_engine(a)
+    assert gpus._rest_hooks == [vllm_backend.rest_engine]  # once, however many loads
+    gpus.rest_generation_engines()
+    assert calls[-1] == ("sleep", 2)
 
 
 def test_on_cuda_a_reload_that_fails_the_canary_is_rebuilt_exactly_once(fake_engines, monkeypatch):
@@ -337,11 +351,11 @@ def test_only_the_vllm_backend_adds_engine_metrics(monkeypatch):
 
 def test_a_step_rests_the_engines_after_sample_before_attribute(monkeypatch, tmp_path):
     """In-process stages too: attribute and update get the engines' memory while they run."""
-    from oarctl import pipeline
+    from oarctl import loop
 
     order = []
-    monkeypatch.setattr(pipeline, "run_stage", lambda name, *a, **k: order.append(name) or ({"metrics": {}}, True))
-    monkeypatch.setattr(pipeline, "rest_generation_engines", lambda: order.append("rest"))
-    pipeline._run_step(load_config(None, []), tmp_path, 0, tmp_path / "train.parquet", tmp_path, False, print,
-                       lambda: order.append("settle"))
+    monkeypatch.setattr(loop, "run_stage", lambda name, *a, **k: order.append(name) or ({"metrics": {}}, True))
+    monkeypatch.setattr(loop, "rest_generation_engines", lambda: order.append("rest"))
+    loop.run_step(load_config(None, []), tmp_path, 0, tmp_path / "train.parquet", tmp_path, False, print,
+                  lambda: order.append("settle"))
     assert order == ["sample", "rest", "verify", "attribute", "reshape", "update"]

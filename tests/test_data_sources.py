@@ -159,7 +159,7 @@ def test_cli_run_with_a_parquet_train_set(cli, tiny_config, tmp_path, signal_dat
 
 
 def test_hub_policy_name_offline_is_one_line_naming_the_option(tmp_path):
-    from oarctl.pipeline import resolve_policy_path
+    from oarctl.policy.paths import resolve_policy_path
 
     started = time.monotonic()
     with pytest.raises(OarError) as error:

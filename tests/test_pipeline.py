@@ -413,7 +413,7 @@ def test_update_logprobs_equal_sampling_logprobs(tmp_path, tiny_policy, random_p
 def test_a_resumed_run_never_shows_a_shorter_metrics_file(cli, tiny_config, tmp_path):
     """Resuming re-derives every finished step from the cache; meanwhile metrics.jsonl must keep all
     its lines, or `oarctl compare` reading it then takes the base evaluation for the final one."""
-    from oarctl.pipeline import run_loop
+    from oarctl.loop import run_loop
 
     config = tiny_config(signal=True, run={"steps": 3, "progress": False, "eval_every": 1})
     run_dir = tmp_path / "R"

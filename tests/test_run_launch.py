@@ -89,7 +89,7 @@ def test_a_launch_is_ready_when_its_stage_says_so_before_it_ends(tmp_path):
     (the update's policy is committed), while it still runs (the training state); finish waits for the
     end, and a failure there is an error naming the output."""
     from oarctl.errors import OarError
-    from oarctl.launch import Launched
+    from oarctl.processes.launch import Launched
 
     script = ("import os, pathlib, sys, time; pathlib.Path(os.environ['OARCTL_READY_FILE']).write_text('{}'); "
               "time.sleep(float(sys.argv[1])); sys.exit(int(sys.argv[2]))")

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from oarctl.checkpoints import policy_identity
-from oarctl.pipeline import resolve_policy_path
+from oarctl.policy.paths import resolve_policy_path
 import torch
 
 from conftest import TOY_RESPONSES, hidden_temporaries, sha256, write_rollouts
@@ -106,7 +106,7 @@ def test_own_config_section_change_reruns_and_says_why(settings, rollouts, tmp_p
 
 
 def config_policy(config):
-    return pipeline.resolve_policy_path(config.policy.path)
+    return resolve_policy_path(config.policy.path)
 
 
 def test_other_sections_do_not_invalidate(settings, rollouts, tmp_path, spy):

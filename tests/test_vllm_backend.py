@@ -20,7 +20,8 @@ if importlib.util.find_spec("vllm") is None:
 from oarctl.checkpoints import load_policy, policy_identity, save_policy  # noqa: E402
 from oarctl.config import load_config, section_dict  # noqa: E402
 from oarctl.errors import OarError  # noqa: E402
-from oarctl.policy import canary, transformers_backend, vllm_backend  # noqa: E402
+from oarctl.policy import backends, canary, transformers_backend, vllm_backend  # noqa: E402
+from oarctl.policy.logprobs import teacher_forced_logprobs  # noqa: E402
 from oarctl.stages.sample import prompt_token_ids  # noqa: E402
 
 SETTINGS = section_dict(load_config(None, ["vllm.enforce_eager=true", "vllm.dtype=float32"]), "vllm")
@@ -111,8 +112,8 @@ def test_logprobs_are_the_teacher_forced_ones_of_the_sampling_distribution(serve
     _, model, tokenizer, prompts = served
     llm = _on(tiny_policy)
     generations = _sample(llm, prompts * 2, temperature=temperature)
-    expected = vllm_backend.teacher_forced_logprobs(model, prompts * 2, [g.token_ids for g in generations],
-                                                    tokenizer.pad_token_id, temperature or 1.0)
+    expected = teacher_forced_logprobs(model, prompts * 2, [g.token_ids for g in generations],
+                                       tokenizer.pad_token_id, temperature or 1.0)
     worst = max(abs(a - b) for g, e in zip(generations, expected) for a, b in zip(g.logprobs, e))
     assert worst < 1e-4
 
@@ -289,6 +290,11 @@ def test_a_run_samples_each_step_from_the_checkpoint_update_wrote(served, cli, t
     assert samples[1]["canary_failures"] == 0 and samples[1]["engine_load_seconds"] > 0
 
 
+def _generate(policy, prompts, **settings):
+    """What the sample stage calls: the registry entry (one engine here, or data-parallel replicas)."""
+    return backends.generate(policy, prompts, batch_size=0, **settings)
+
+
 def _replicated(path, count=2, **settings):
     from oarctl.contract import Policy
 
@@ -331,7 +337,7 @@ def test_data_parallel_replicas_sample_what_one_engine_samples(served, tiny_poli
     try:
         for path in (tiny_policy, random_checkpoint):
             single = _sample(_on(path), prompts, temperature=1.0, max_new_tokens=12, seed=5)
-            replicated = vllm_backend.generate(_replicated(path), prompts, **settings)
+            replicated = _generate(_replicated(path), prompts, **settings)
             assert [g.token_ids for g in replicated] == [g.token_ids for g in single]
             assert [g.finish_reason for g in replicated] == [g.finish_reason for g in single]
             assert max(abs(a - b) for r, s in zip(replicated, single) for a, b in zip(r.logprobs, s.logprobs)) < 1e-4
@@ -348,14 +354,14 @@ def test_a_replica_error_or_death_is_one_clear_error(served, tmp_path, tiny_poli
     settings = dict(temperature=1.0, top_p=1.0, max_new_tokens=4, seed=0)
     try:
         with pytest.raises(OarError, match="missing_policy: policy directory not found"):  # found by the parent
-            vllm_backend.generate(_replicated(tmp_path / "missing_policy"), served[3], **settings)
+            _generate(_replicated(tmp_path / "missing_policy"), served[3], **settings)
         with pytest.raises(OarError, match="missing_policy: policy directory not found"):  # by the workers
-            vllm_backend.generate(_replicated(tmp_path / "missing_policy", canary_tokens=0), served[3], **settings)
+            _generate(_replicated(tmp_path / "missing_policy", canary_tokens=0), served[3], **settings)
         running = vllm_replicas.replicas(_replicated(tiny_policy).vllm)
         running[1].process.kill()
         running[1].process.wait()
         with pytest.raises(OarError, match="vLLM replica 1 exited with code -9"):
-            vllm_backend.generate(_replicated(tiny_policy), served[3], **settings)
+            _generate(_replicated(tiny_policy), served[3], **settings)
         assert all(replica.process.poll() is not None for replica in running)  # all stopped, none left behind
     finally:
         vllm_replicas.stop()
@@ -379,7 +385,7 @@ def test_weights_that_fail_their_check_while_engines_load_them_are_never_sampled
     try:
         for count in (1, 2):
             with pytest.raises(OarError, match="model.safetensors does not match its recorded hash"):
-                vllm_backend.generate(_replicated(folder, count), served[3], **settings)
+                _generate(_replicated(folder, count), served[3], **settings)
             assert "llm" not in vllm_backend._engine and not vllm_replicas._running
     finally:
         vllm_replicas.stop()

@@ -38,7 +38,7 @@ def _launched_fsdp_update(args, config, advantages: Path, work: Path, policy: Pa
     import json
     import subprocess
 
-    from oarctl.launch import update_command
+    from oarctl.processes.launch import update_command
 
     file, ranks = fsdp_launcher(args, work)
     write_config(config, work / "config.yaml")
@@ -66,7 +66,7 @@ def _persistent_fsdp_updates(args, config, advantages: Path, work: Path, policy:
     import dataclasses
     import json
 
-    from oarctl.launch import stop_update_worker, update_worker
+    from oarctl.processes.launch import stop_update_worker, update_worker
 
     file, _ = fsdp_launcher(args, work)
     update = dataclasses.replace(config.update, accelerate_config=str(file), persistent=True)

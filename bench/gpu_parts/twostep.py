@@ -33,7 +33,7 @@ def run_two_steps(args, work: Path, policy: Path) -> list:
 def _one_step(config, prompts: Path, folder: Path, policy: Path, step: int, rows: list) -> Path:
     """The five stages of `step` into `folder`, the engines rested after sampling as `oarctl run` does;
     returns the new checkpoint."""
-    from oarctl.launch import rest_generation_engines
+    from oarctl.processes.gpus import rest_generation_engines
 
     rollouts = timed_stage("sample", config, {"prompts": prompts}, folder / "rollouts.parquet", policy, rows, step)
     started = time.perf_counter()

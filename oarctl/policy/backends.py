@@ -36,6 +36,12 @@ def _transformers(policy, prompt_token_ids, *, temperature, top_p, max_new_token
 
 @BACKENDS.register("vllm")
 def _vllm(policy, prompt_token_ids, *, temperature, top_p, max_new_tokens, seed, batch_size, progress):
+    """One engine in this process (vllm_backend), or `vllm.data_parallel_size` replicas (vllm_replicas)."""
+    if policy.vllm["data_parallel_size"] > 1:
+        from oarctl.policy import vllm_replicas
+
+        return vllm_replicas.generate(policy, prompt_token_ids, temperature=temperature, top_p=top_p,
+                                      max_new_tokens=max_new_tokens, seed=seed, progress=progress)
     from oarctl.policy import vllm_backend
 
     return vllm_backend.generate(policy, prompt_token_ids, temperature=temperature, top_p=top_p,

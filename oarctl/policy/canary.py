@@ -57,7 +57,7 @@ def compute_reference(model, tokenizer, tokens: int = REFERENCE_TOKENS) -> dict:
     import torch
 
     from oarctl.policy import transformers_backend
-    from oarctl.policy.vllm_backend import teacher_forced_logprobs
+    from oarctl.policy.logprobs import teacher_forced_logprobs
 
     prompt = canary_prompt(tokenizer)
     _materialize_meta_buffers(model)
@@ -72,7 +72,7 @@ def compute_reference(model, tokenizer, tokens: int = REFERENCE_TOKENS) -> dict:
 
 def _materialize_meta_buffers(model) -> None:
     """Give buffers left on the meta device their values. A model assembled from gathered weights on
-    the meta device (an update under FSDP: update._plain_model) has no non-persistent buffers, e.g.
+    the meta device (an update under FSDP: training.save._plain_model) has no non-persistent buffers, e.g.
     the rotary `inv_freq`: save_pretrained never needs them, a forward does. They are recomputed by
     transformers' own initializer, on modules that hold such buffers and no parameters of their own
     (so no weight is ever re-initialised); anything still on meta is a clear error."""

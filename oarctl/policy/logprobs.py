@@ -137,3 +137,13 @@ def full_vocabulary_stats(model, prompts: list[list[int]], responses: list[list[
     with torch.no_grad():
         entropy = entropy_from_logits(logits.float() / temperature[:, None, None])
     return logprobs, entropy
+
+
+def teacher_forced_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                            temperature: float = 1.0) -> list[list[float]]:
+    """log_softmax(logits / temperature) of given response tokens, one list per response, no gradients:
+    what the update stage recomputes (`response_token_stats`). Used by oarctl.policy.canary and the
+    tests, never in an engine's process."""
+    with torch.no_grad():
+        logprobs, _ = response_token_stats(model, prompts, responses, pad_id, temperature)
+    return [logprobs[row, :len(response)].tolist() for row, response in enumerate(responses)]

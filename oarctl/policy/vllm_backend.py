@@ -48,9 +48,10 @@ import time
 from pathlib import Path
 
 from oarctl.errors import OarError
-from oarctl.launch import release_cuda_cache
 from oarctl.policy import canary
 from oarctl.policy.transformers_backend import Generation
+from oarctl.processes import gpus
+from oarctl.processes.gpus import release_cuda_cache
 
 _engine: dict = {}  # the process's one engine: {"key", "llm", "identity", "path", "asleep"}
 _load_report: dict = {}  # how the last `generate` got its engine (load_report)
@@ -147,18 +148,13 @@ def reload_weights(llm, path: Path) -> None:
     llm.reset_prefix_cache()
 
 
-GPUS_FREE = {"file": None}  # in a replica: the file its parent said appears once the GPUs are free
-
-
 def _wake_and_reload(llm, path: Path) -> None:
     """A sleeping engine: map its weight memory again, fill it from `path`, then map its KV cache (so
     the reload's temporaries never meet a full KV cache). The KV cache waits for a launched update
-    still writing its training state to end: its ranks hold their shards until then (oarctl/launch.py)."""
-    from oarctl.launch import wait_for_gpus
-
+    still writing its training state to end: its ranks hold their shards until then (oarctl/processes/gpus.py)."""
     llm.wake_up(tags=["weights"])
     llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
-    wait_for_gpus(GPUS_FREE["file"])
+    gpus.wait_for_gpus()
     llm.wake_up(tags=["kv_cache"])
     llm.reset_prefix_cache()
 
@@ -218,6 +214,7 @@ def engine(path: str | Path, settings: dict, identity: str, in_place: bool | Non
     else:
         release_engine()
         _engine["llm"] = _build(weights_folder(path), settings)
+        gpus.on_rest(rest_engine)  # attribute and update get its memory while they run
         how = "built"
     _engine.update(key=key, identity=identity, path=path, asleep=False)
     return _engine["llm"], how
@@ -255,20 +252,6 @@ def generate_with(llm, prompt_token_ids: list[list[int]], *, temperature: float,
                               top_p=top_p, max_new_tokens=max_new_tokens, seed=seed)
     outputs = llm.generate(prompts, params, use_tqdm=progress)
     return [_to_generation(output.outputs[0]) for output in outputs]
-
-
-def teacher_forced_logprobs(model, prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                            temperature: float = 1.0) -> list[list[float]]:
-    """log_softmax(logits / temperature) of given response tokens: what the update stage recomputes
-    (the same helper, oarctl.policy.logprobs.response_token_stats). Used by oarctl.policy.canary and
-    the tests, never in an engine's process."""
-    import torch
-
-    from oarctl.policy.logprobs import response_token_stats
-
-    with torch.no_grad():
-        logprobs, _ = response_token_stats(model, prompts, responses, pad_id, temperature)
-    return [logprobs[row, :len(response)].tolist() for row, response in enumerate(responses)]
 
 
 def served_dtype(path: Path, settings: dict) -> str:
@@ -398,13 +381,9 @@ def load_report() -> dict:
 
 def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, top_p: float,
              max_new_tokens: int, seed: int, batch_size: int = 0, progress: bool = False) -> list[Generation]:
-    """The registry entry: serve `policy` (a runner.Policy) with vLLM, canary-checked after each load,
-    on one engine in this process or on `vllm.data_parallel_size` replicas (vllm_replicas)."""
-    if policy.vllm["data_parallel_size"] > 1:
-        from oarctl.policy import vllm_replicas
-
-        return vllm_replicas.generate(policy, prompt_token_ids, temperature=temperature, top_p=top_p,
-                                      max_new_tokens=max_new_tokens, seed=seed, progress=progress)
+    """Serve `policy` (a runner.Policy) with vLLM on one engine in this process, canary-checked after each
+    load. The registry entry (oarctl/policy/backends.py) sends `vllm.data_parallel_size` > 1 to
+    vllm_replicas instead, which builds on this module (so this one never imports it)."""
     llm = served_engine(policy)
     return generate_with(llm, prompt_token_ids, temperature=temperature, top_p=top_p,
                          max_new_tokens=max_new_tokens, seed=seed, progress=progress)

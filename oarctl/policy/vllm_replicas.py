@@ -39,6 +39,7 @@ from pathlib import Path
 
 from oarctl.errors import OarError
 from oarctl.policy.transformers_backend import Generation
+from oarctl.processes import gpus
 
 CORES_VARIABLE = "OARCTL_REPLICA_CORES"  # a worker pins itself to these cores (CPU only)
 _running: dict = {}  # {"key": settings the replicas were started with, "replicas": [Replica]}
@@ -101,8 +102,8 @@ def _environments(settings: dict) -> list[dict]:
     replicas, tensor_parallel = settings["data_parallel_size"], settings["tensor_parallel_size"]
     environments = [dict(os.environ) for _ in range(replicas)]
     if torch.cuda.is_available():
-        for environment, gpus in zip(environments, gpu_groups(replicas, tensor_parallel)):
-            environment["CUDA_VISIBLE_DEVICES"] = gpus
+        for environment, devices in zip(environments, gpu_groups(replicas, tensor_parallel)):
+            environment["CUDA_VISIBLE_DEVICES"] = devices
     else:
         # vLLM binds threads itself only in its multiprocess executor; our engines run in-process
         for environment, cores in zip(environments, core_groups(replicas)):
@@ -139,6 +140,7 @@ def replicas(settings: dict) -> list[Replica]:
     if _running.get("key") != key:
         stop()
         _running.update(key=key, replicas=[_start(i, env) for i, env in enumerate(_environments(settings))])
+        gpus.on_rest(rest)  # attribute and update get their memory while they run
     return _running["replicas"]
 
 
@@ -164,11 +166,9 @@ def generate(policy, prompt_token_ids: list[list[int]], *, temperature: float, t
 
     reference, weight_check = (canary.reference_with_weight_check(policy) if policy.vllm["canary_tokens"]
                                else (None, None))
-    from oarctl.launch import gpus_free_file
-
     running = replicas(policy.vllm)
     served = {"path": str(policy.path), "device": policy.device, "vllm": policy.vllm, "canary": reference}
-    gate = {"gpus_free": gpus_free_file()}  # a launched update still ending: KV caches wait for it
+    gate = {"gpus_free": gpus.gpus_free_file()}  # a launched update still ending: KV caches wait for it
     # the replicas load (and canary-check) the weights while this process verifies them; nothing is
     # generated before that check has passed
     loads = vllm_backend.loaded_while_checked(lambda: _exchange(running, [{"kind": "load", **served, **gate}] * len(running)),
@@ -237,13 +237,11 @@ def _load_here(request: dict) -> dict:
     from oarctl.contract import Policy
 
     policy = Policy(Path(request["path"]), request["device"], "vllm", request["vllm"])
-    vllm_backend.GPUS_FREE["file"] = request.get("gpus_free")
     try:
-        vllm_backend.served_engine(policy, reference=request["canary"])
+        with gpus.named(request.get("gpus_free")):
+            vllm_backend.served_engine(policy, reference=request["canary"])
     except OarError as error:
         return {"error": str(error)}
-    finally:
-        vllm_backend.GPUS_FREE["file"] = None
     return {"engine": vllm_backend.load_report()}
 
 
@@ -279,10 +277,8 @@ def serve(descriptor: int) -> None:
 def _release_cached_memory() -> None:
     import gc
 
-    from oarctl.launch import release_cuda_cache
-
     gc.collect()
-    release_cuda_cache()
+    gpus.release_cuda_cache()
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ def choose_rows(rows: list[dict], per_verdict: int = HEATMAPS_PER_VERDICT) -> li
 
 
 def run_policy_path(run_dir: Path) -> Path:
-    from oarctl.pipeline import resolve_policy_path
+    from oarctl.policy.paths import resolve_policy_path
 
     recorded = run_dir / "config.yaml"
     document = yaml.safe_load(recorded.read_text()) if recorded.is_file() else {}

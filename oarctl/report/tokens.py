@@ -32,7 +32,7 @@ def default_by(column_names) -> str:
 
 def run_policy(artifact: Path) -> Path:
     """policy.path of the run folder holding `artifact` (step_NNNN/x.parquet), else the toy policy."""
-    from oarctl.pipeline import resolve_policy_path
+    from oarctl.policy.paths import resolve_policy_path
 
     for folder in (artifact.parent, artifact.parent.parent):
         recorded = folder / "config.yaml"

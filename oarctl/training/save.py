@@ -28,7 +28,7 @@ from oarctl.checkpoints import (TRAINING_STATE, policy_identity, replace_directo
 from oarctl.contract import StageContext
 from oarctl.distributed import deepspeed, fsdp, gather_to_rank_zero, rank, sharded
 from oarctl.hashing import WRITE_HASHING
-from oarctl.launch import announce_ready, release_cuda_cache
+from oarctl.processes.gpus import announce_ready, release_cuda_cache
 from oarctl.schema import UpdateConfig
 from oarctl.policy.canary import write_reference
 from oarctl.training.setup import KeptState

@@ -11,7 +11,7 @@ process or DDP reads it whole, so FSDP, DDP and one process continue each other'
 also reads one process's `optimizer.safetensors` (rank 0 reads, torch scatters it into the shards).
 Under DeepSpeed ZeRO-3 the partitioned AdamW state is neither saved nor loaded: each step starts a
 fresh optimizer there (with a warning when the checkpoint has a state).
-In a persistent worker (update.persistent, FSDP; oarctl/update_worker.py) the ranks keep the prepared
+In a persistent worker (update.persistent, FSDP; oarctl/processes/update_worker.py) the ranks keep the prepared
 model, AdamW and KL reference (`KeptState`, in the worker's `Resident`, which reaches the stage through
 StageContext.resident) for the checkpoint they wrote: the next step, if it starts from that checkpoint
 unchanged, trains on from memory and reads nothing (manifest: resident 1).

