@@ -26,7 +26,7 @@ RUN = re.compile(r"^(?P<method>.+)-s(?P<seed>\d+)$")
 
 def on_policy(run_dir: Path) -> float | None:
     """The run's on-policy accuracy, or None until it has finished (its final evaluation is written)."""
-    from oarctl.metrics import read_metrics
+    from oarctl.report.run_report import read_metrics
     from oarctl.report.compare import on_policy_accuracy
 
     if not (run_dir / "metrics.jsonl").is_file():
