@@ -29,6 +29,16 @@ import yaml  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread_after_each_test():
+    """Every test starts with the one torch thread set above: a test (or the code it runs, e.g. the toy
+    pretrain's `threads`) that sets another count must not change later tests' float sums (OAR-G's
+    weights under FSDP differed from one process's by 1e-3 after tests/test_toy.py left 2 threads)."""
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
 def _quiet_transformers() -> None:
     from transformers.utils import logging as transformers_logging
 
