@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from oarctl import config as config_module
+from oarctl import schema
 from oarctl.contract import Policy, StageContext
-from oarctl.policy.paths import resolve_policy_path  # re-export for one release: oarctl.policy.paths
+from oarctl.policy.paths import resolve_policy_path
 from oarctl.runner import key_parts, run_cached, why_stale
 from oarctl.stages import attribute, evaluate, reshape, sample, update, verify
 
@@ -42,7 +42,7 @@ class Stage:
 
 
 def _attribute_key(section: dict, config) -> dict:
-    return config_module.attribute_key(section, [config.attribute.method])
+    return schema.attribute_key(section, [config.attribute.method])
 
 
 STAGES = {s.name: s for s in [
@@ -86,7 +86,7 @@ def _policy(config, path: Path, name: str) -> Policy:
     stage = STAGES[name]
     backend = resolve(config.policy.backend) if stage.generates else "transformers"
     dtype = getattr(config, name).dtype if stage.own_dtype else "float32"
-    return Policy(path, config.policy.device, backend, config_module.section_dict(config, "vllm"), dtype)
+    return Policy(path, config.policy.device, backend, schema.section_dict(config, "vllm"), dtype)
 
 
 def key_section(config, name: str) -> dict:
@@ -95,12 +95,12 @@ def key_section(config, name: str) -> dict:
     from oarctl.templates import DEFAULT, resolve
 
     stage = STAGES[name]
-    section = config_module.section_dict(config, name)
+    section = schema.section_dict(config, name)
     section.pop("accelerate_config", None)  # how the stage is launched, not what it computes
     section.pop("persistent", None)
     if stage.key is not None:
         section = stage.key(section, config)
-    section = config_module.keyed_when_set(name, section)
+    section = schema.keyed_when_set(name, section)
     if stage.templated and config.data.prompt_template != DEFAULT:
         section["prompt_template"] = resolve(config.data.prompt_template).identity
     return section
