@@ -28,7 +28,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = "uniform,random,truth,truth_shuffled,truth_last,oar_g,oar_p,oar_p_span,oar_flow,oar_flow_span"
+METHODS = "uniform,random,truth,truth_shuffled,truth_last,oar_g,oar_p,oar_p_span,oar_flow,oar_flow_span,oar_flow_local"
 
 
 def oarctl(*args: str) -> None:

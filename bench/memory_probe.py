@@ -69,6 +69,11 @@ def call(policy, method: str, length: int, rows: int, args):
     ids, reasoning, answer = items[0]
     count = 2 * oar.chunk_rows(reasoning[0], len(ids), args.chunk, args.budget)
     spans = [(t, t + 1) for t in range(reasoning[0], min(reasoning[1], reasoning[0] + count))]
+    if method == "oar_flow_local":  # the last tokens: the widest prefix, the fewest rows under the budget
+        from oarctl.attribution.flow_local import local_drops
+
+        local_drops(policy, ids, local_probe_span(reasoning, args), HORIZON, None, args.chunk, args.budget)
+        return None
     if method == "oar_flow":  # the same first tokens one by one, then the rest as one unit (one row)
         from oarctl.attribution.flow import flow_scores
 
@@ -80,6 +85,27 @@ def call(policy, method: str, length: int, rows: int, args):
 
 def flow_probe_units(spans, reasoning) -> list:
     return spans + ([(spans[-1][1], reasoning[1])] if spans[-1][1] < reasoning[1] else [])
+
+
+HORIZON = 16  # oar_flow_local's attribute.flow_horizon default
+
+
+def local_probe_span(reasoning, args) -> tuple[int, int]:
+    """oar_flow_local's rows in the probe: the last ones of the reasoning, two forwards' worth."""
+    from oarctl.attribution.flow_local import local_rows
+
+    rows = local_rows(reasoning[1], reasoning[1] - 1, HORIZON, args.chunk, args.budget)
+    return max(reasoning[0], reasoning[1] - 2 * rows), reasoning[1]
+
+
+def local_in_flight(length: int, args) -> int:
+    """The most tokens one oar_flow_local forward holds in the probe: the clean sequence, or rows x keys."""
+    from oarctl.attribution.flow_local import local_rows
+
+    _, reasoning, _ = response(length, args.vocab)
+    start, end = local_probe_span(reasoning, args)
+    rows = local_rows(end - start, start, HORIZON, args.chunk, args.budget)
+    return max(end, rows * (start + rows - 1 + HORIZON))
 
 
 def flow_in_flight(length: int, args) -> int:
@@ -110,13 +136,15 @@ def measure(args) -> dict:
     in_flight = rows * sequence if args.method == "oar_g" else min(args.chunk, max(1, args.budget // suffix)) * suffix
     if args.method == "oar_flow":
         in_flight = flow_in_flight(args.length, args)
+    if args.method == "oar_flow_local":
+        in_flight = local_in_flight(args.length, args)
     return {"method": args.method, "length": args.length, "checkpointing": args.checkpointing, "rows": rows,
             "tokens": in_flight, "peak_mib": (_status_kib("VmHWM") - start) / 1024, "seconds": seconds}
 
 
 def parser() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    options.add_argument("--method", choices=["oar_g", "oar_p", "oar_flow"], required=True)
+    options.add_argument("--method", choices=["oar_g", "oar_p", "oar_flow", "oar_flow_local"], required=True)
     options.add_argument("--length", type=int, required=True, help="reasoning tokens R")
     options.add_argument("--budget", type=int, default=4096, help="attribute.max_batch_tokens")
     options.add_argument("--checkpointing", action="store_true", help="OAR-G gradient checkpointing")

@@ -127,6 +127,7 @@ def validate(config: Config) -> None:
     _check(config.attribute.max_batch_tokens >= 0, "attribute.max_batch_tokens must be >= 0 (0: off)")
     _check(config.attribute.dtype in ("float32", "bfloat16"), "attribute.dtype must be float32 or bfloat16")
     _check(config.attribute.span_tokens >= 1, "attribute.span_tokens must be >= 1")
+    _check(config.attribute.flow_horizon >= 1, "attribute.flow_horizon must be >= 1")
     _check(config.attribute.span_spread in ("even", "oar_g"), "attribute.span_spread must be even or oar_g")
     _check(0 < config.attribute.screen_fraction <= 1, "attribute.screen_fraction must be in (0, 1]")
     _check(0 <= config.attribute.audit_fraction <= 1, "attribute.audit_fraction must be in [0, 1]")

@@ -92,7 +92,7 @@ class VerifyConfig:
 @dataclass
 class AttributeConfig:
     method: str = option("uniform", "token attribution method: uniform (plain GRPO), random, entropy, oar_p, "
-                                    "oar_p_span, oar_p_screened, oar_g, oar_flow, oar_flow_span (propagated OAR-P), "
+                                    "oar_p_span, oar_p_screened, oar_g, oar_flow, oar_flow_span, oar_flow_local (propagated OAR-P), "
                                     "truth (chains labels), truth_shuffled, truth_last (its controls), mc_value "
                                     "(rollouts)")
     oar_p_mode: str = option("last", "OAR-P outcome (oar_p, oar_p_span, oar_p_screened, oar_flow, "
@@ -118,9 +118,11 @@ class AttributeConfig:
                                          "OAR-P too (the audit: how often screening misses a top token)")
     max_perturbations: int = option(256, "oar_p_span / oar_p_screened: most perturbed forwards per response (exact "
                                           "oar_p perturbs every reasoning token)")
-    flow_rule: str = option("product", "oar_flow, oar_flow_span: how credit propagates back from the answer over "
-                                       "later tokens: product (links 1 - exp(-drop) multiplied along a path, the "
+    flow_rule: str = option("product", "oar_flow, oar_flow_span, oar_flow_local: how credit propagates back from "
+                                       "the answer over later tokens: product (links 1 - exp(-drop) multiplied along a path, the "
                                        "best path counts), widest (each path as strong as its weakest link), sum")
+    flow_horizon: int = option(16, "oar_flow_local: links are read this many tokens after a perturbed token (the "
+                                   "direct effect on the answer comes from OAR-G)")
     mc_samples: int = option(4, "mc_value: continuations sampled from each step boundary (K)")
     mc_max_new_tokens: int = option(64, "mc_value: response budget of a continuation, counted from the response's "
                                         "start as sample.max_new_tokens is (set them equal)")
@@ -266,7 +268,7 @@ def section_dict(config: Config, section: str) -> dict:
 
 # Options added after runs existed: in a stage's cache key only when set to something else than their
 # default, so the runs made before them keep their keys (and resume instead of recomputing).
-KEYED_WHEN_SET = {"attribute": ("flow_rule",), "reshape": ("normalize", "quantile_carry")}
+KEYED_WHEN_SET = {"attribute": ("flow_rule", "flow_horizon"), "reshape": ("normalize", "quantile_carry")}
 
 
 def attribute_key(section: dict, methods) -> dict:
@@ -303,6 +305,8 @@ DEVIATIONS = {
                         "no + 1e-8 beside tau",
     "reshape.quantile_carry": "off by default: the paper's text",
     "reshape.normalize": "rank is in neither the paper nor the released code (both: log1p + min-max, the default)",
-    "attribute.flow_rule": "oar_flow and oar_flow_span are in neither the paper nor the released code (section 8)",
+    "attribute.flow_rule": "oar_flow, oar_flow_span and oar_flow_local are in neither the paper nor the released code "
+                           "(section 8)",
+    "attribute.flow_horizon": "oar_flow_local is in neither the paper nor the released code (section 8)",
 }
 METHOD_PAGE = "docs/method.md"

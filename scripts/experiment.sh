@@ -47,7 +47,7 @@ one_run() {  # METHOD SEED
     uniform_lr3x) extra=(--set attribute.method=uniform --set update.learning_rate=1.5e-3) ;;  # control: a bigger step
     # groups whose rewards are all equal have advantage 0: their weights change nothing, so the costly
     # methods do not score them (the same update, fewer perturbed forwards)
-    oar_flow|oar_flow_span|oar_p_span|oar_p) extra=(--set attribute.method="$method" --set attribute.skip_uniform_groups=true) ;;
+    oar_flow|oar_flow_span|oar_flow_local|oar_p_span|oar_p) extra=(--set attribute.method="$method" --set attribute.skip_uniform_groups=true) ;;
     *) extra=(--set attribute.method="$method") ;;
   esac
   # The base policy's evaluation has the same cache key in every run of a seed (same policy, prompts,
@@ -95,6 +95,9 @@ for seed in $CEILING_SEEDS; do for method in $CEILING_METHODS; do runs+=("$OUT/$
 # Fidelity on the last batch of the first seed's uniform run, scored by the policy that sampled it
 first=$(echo $SEEDS | cut -d' ' -f1)
 last=$(printf 'step_%04d' $((STEPS - 1))); previous=$(printf 'step_%04d' $((STEPS - 2)))
+if [ ! -f "$OUT/uniform-s$first/$last/verified.parquet" ]; then  # a kept run holds its metrics only
+  echo "fidelity: skipped ($OUT/uniform-s$first has no step folders: it was taken from KEEP)"; exit 0
+fi
 "$OARCTL" fidelity "$OUT/uniform-s$first/$last/verified.parquet" -c configs/chains.yaml -o "$OUT/fidelity.parquet" \
   --policy "$OUT/uniform-s$first/$previous/policy" --sample "$FIDELITY_SAMPLE" \
   --methods "$FIDELITY_METHODS" \

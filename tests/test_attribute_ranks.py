@@ -20,7 +20,7 @@ from oarctl.distributed import deal
 
 ROOT = Path(__file__).resolve().parents[1]
 TWO_CPU_RANKS = ROOT / "configs" / "accelerate" / "cpu-2proc.yaml"
-METHODS = ("oar_g", "oar_p", "oar_flow")
+METHODS = ("oar_g", "oar_p", "oar_flow", "oar_flow_local")
 
 
 # ---- dealing rows to ranks -----------------------------------------------------------------------
@@ -169,14 +169,16 @@ def test_two_ranks_write_the_scores_of_one_process(verified, method):
     # the launch adds nothing of its own: each rank's scores are, bit for bit, those of the method called
     # in one process on that rank's rows
     assert _relative_difference(_scores(two), _scored_per_rank(verified, method)) == 0.0
-    # OAR-P and oar_flow score each row on its own (its clean pass and perturbation chunks), and OAR-G batches only
+    # OAR-P and the oar_flows score each row on its own (its clean pass and perturbation chunks), and OAR-G batches only
     # rows of one prompt (oar._prefix_batches), whose group is never split over ranks: every row meets
     # the same batch, padding and kernels as in one process, so the bytes are those of one process.
     assert same_bytes and difference == 0.0
-    if method == "oar_flow":  # its knobs are recorded beside the outcome_mode column
+    if method.startswith("oar_flow"):  # its knobs are recorded beside the outcome_mode column
         manifest = json.loads(Path(f"{one}.manifest.json").read_text())
         assert manifest["metrics"]["flow_rule"] == "product"
-        assert set(table_one["outcome_mode"].to_pylist()) <= {"last"}
+        local = method == "oar_flow_local"  # its direct effect is OAR-G's, read within a horizon
+        assert manifest["metrics"].get("flow_horizon") == (16 if local else None)
+        assert set(table_one["outcome_mode"].to_pylist()) <= ({"answer_mean", "last"} if local else {"last"})
 
 
 # ---- skip_uniform_groups -------------------------------------------------------------------------

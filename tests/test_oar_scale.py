@@ -216,3 +216,14 @@ def test_oar_flow_memory_per_token_stays_flat_from_256_to_2048_tokens():
     ratios = [m["peak_mib"] / m["tokens"] for m in per_token]
     print("oar_flow", [f"{m['length']}: {m['peak_mib']:.0f} MiB / {m['tokens']} tokens" for m in per_token])
     assert max(ratios) / min(ratios) <= 1.5
+
+
+def test_oar_flow_local_memory_per_key_stays_flat_from_256_to_2048_tokens():
+    """oar_flow_local's rows attend the clean keys left of their token: at a 16,384-key budget each forward
+    takes fewer rows as the prefix grows, and its peak per key held stays within 1.5x as responses grow 8x."""
+    from memory_probe import probe
+
+    per_key = [probe(method="oar_flow_local", length=length, budget=16384) for length in (256, 2048)]
+    ratios = [m["peak_mib"] / m["tokens"] for m in per_key]
+    print("oar_flow_local", [f"{m['length']}: {m['peak_mib']:.0f} MiB / {m['tokens']} keys" for m in per_key])
+    assert max(ratios) / min(ratios) <= 1.5

@@ -17,7 +17,7 @@ SCRIPT = ROOT / "bench" / "scale.py"
 sys.path.insert(0, str(ROOT))
 
 from bench.scaling.attribute import attribute_stage  # noqa: E402
-from bench.scaling.batching_rules import (batches_within, chunk_rows, perturbation_chunks,  # noqa: E402
+from bench.scaling.batching_rules import (batches_within, chunk_rows, local_chunks, perturbation_chunks,  # noqa: E402
                                           screened_count, windows)
 from bench.scaling.calibration import TINY, autograd_saved_bytes, suffix_tokens, tiny_items, tiny_model  # noqa: E402
 from bench.scaling.checkpoint_io import FILES_PER_RANK, checkpoint_io  # noqa: E402
@@ -89,6 +89,15 @@ def test_the_mirrored_batching_rules_are_the_code_s():
     for length, span, cap in ((690, 32, 256), (3060, 16, 128), (10, 32, 256)):
         assert list(windows(150, 150 + length, span, cap)) == \
             [a for a, _ in oar_p_cheap.windows((150, 150 + length), span, cap)]
+    from oarctl.attribution import flow_local
+
+    for reasoning, horizon, chunk, budget in ((690, 16, 8, 0), (3060, 16, 8, 16384), (40, 16, 8, 4096)):
+        config = AttributeConfig(chunk_size=chunk, flow_horizon=horizon)
+        per_call, rows, code = flow_local.local_rows_per_call(config, reasoning), 0, []
+        while rows < reasoning:
+            code.append(flow_local.local_rows(reasoning - rows, 150 + rows, horizon, per_call, budget))
+            rows += code[-1]
+        assert [k for _, k in local_chunks(150, reasoning, horizon, chunk, budget)] == code
     config = AttributeConfig(screen_fraction=0.1, audit_fraction=0.02, max_perturbations=256)
     for length in (5, 690, 3060):
         top, audit = oar_p_cheap.screened_positions(np.random.default_rng(0).random(length), config, 0)

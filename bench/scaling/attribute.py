@@ -7,7 +7,7 @@ import functools
 import numpy as np
 
 from bench.scaling.assumptions import fragmentation
-from bench.scaling.batching_rules import batches_within, perturbation_chunks, screened_count, windows
+from bench.scaling.batching_rules import batches_within, local_chunks, perturbation_chunks, screened_count, windows
 from bench.scaling.cost import Cost, spread_over_ranks
 from bench.scaling.formulas import (activation_bytes_per_token_layer, backward_to_inputs_flops, causal_keys,
                                     checkpoint_bytes_per_token_layer, forward_flops, forward_hbm_bytes,
@@ -152,6 +152,45 @@ def oar_p_group(setting: Setting, hw: Hardware, rows: np.ndarray, method: str) -
     return cost
 
 
+@functools.lru_cache(maxsize=None)
+def local_links(s: Shape, hw: Hardware, dtype: str, chunk_size: int, max_batch_tokens: int, prompt: int,
+                response: int, horizon: int) -> Cost:
+    """oar_flow_local's links (flow_local.local_drops) for one response: a clean forward of prompt +
+    reasoning projecting every reasoning position, then forwards of k rows x `horizon` positions, each
+    row attending the clean keys left of its token (a chunk's rows all see its last start's prefix,
+    masked): ~R x horizon token-forwards against exact oar_flow's ~R^2 / 2. Held: the clean cache, one
+    layer's keys/values for k rows x (prefix + horizon), the working set of k x horizon tokens,
+    FLOW_LOGIT_TOKENS x V logits (float64 log-probabilities)."""
+    b = dtype_bytes(dtype)
+    R = int(reasoning_tokens(response))
+    end = prompt + R
+    cost = Cost()
+    cost.add(forward_flops(s, end, causal_keys(0, end), R), forward_hbm_bytes(s, b, end, causal_keys(0, end)), hw, dtype)
+    chunks = np.array(local_chunks(prompt, R, horizon, chunk_size, max_batch_tokens), dtype=np.float64).reshape(-1, 2)
+    last, k = chunks[:, 0], chunks[:, 1]
+    tokens = k * horizon
+    keys = k * (horizon * last + horizon * (horizon + 1) / 2)
+    cost.add(forward_flops(s, tokens, keys, tokens), forward_hbm_bytes(s, b, tokens, keys), hw, dtype)
+    if len(tokens):
+        worst = int(np.argmax(k * (last + horizon)))
+        rows, width = k[worst], last[worst] + horizon
+        cost.hold(activations=rows * horizon * working_set_bytes_per_token(s, b) * fragmentation(),
+                  prefix_kv=end * kv_bytes_per_token(s, b) + rows * width * kv_bytes_per_token(s, b) / s.layers,
+                  logits=min(FLOW_LOGIT_TOKENS, rows * horizon) * s.vocab * (b + 8))
+    cost.token_forwards = float(tokens.sum())
+    return cost
+
+
+def oar_flow_local_group(setting: Setting, hw: Hardware, rows: np.ndarray) -> Cost:
+    """oar_flow_local on one group: one OAR-G pass (the direct effects), then each response's local links."""
+    a = setting.config.attribute
+    cost = oar_g_group(setting, hw, rows)
+    for response in setting.lengths.responses[rows]:
+        cost.merge(local_links(setting.shape, hw, a.dtype, a.chunk_size, a.max_batch_tokens, setting.lengths.prompt,
+                               int(response), a.flow_horizon))
+    return cost
+
+
 def attribute_stage(setting: Setting, hw: Hardware, method: str) -> Cost:
     """The attribute stage with `method` and the config's attribute knobs: groups dealt over the ranks
     of attribute.accelerate_config (each a replica of the policy in attribute.dtype), or one GPU."""
@@ -166,6 +205,8 @@ def attribute_stage(setting: Setting, hw: Hardware, method: str) -> Cost:
             parts.append(oar_g_group(setting, hw, rows))
         elif method == "entropy":
             parts.append(entropy_batches(setting, hw, rows))
+        elif method == "oar_flow_local":
+            parts.append(oar_flow_local_group(setting, hw, rows))
         else:
             parts.append(oar_p_group(setting, hw, rows, method))
     cost = spread_over_ranks(parts, ranks)

@@ -44,3 +44,20 @@ def screened_count(reasoning: int, screen_fraction: float, audit_fraction: float
     top = min(reasoning, max_perturbations, max(1, math.ceil(screen_fraction * reasoning)))
     audit = min(reasoning - top, max_perturbations - top, round(audit_fraction * (reasoning - top)))
     return top + audit
+
+
+def local_chunks(prompt: int, reasoning: int, horizon: int, chunk_size: int, max_batch_tokens: int) -> list[tuple[int, int]]:
+    """(last start, rows) of every forward of oar_flow_local's rows (flow_local.local_drops with
+    local_rows_per_call): chunk_size x max(1, R // (2 horizon)) rows, fewer where rows x (prefix +
+    horizon) keys exceed the budget (the last row's prefix counts)."""
+    per_call = chunk_size * max(1, reasoning // (2 * horizon))
+    chunks, row = [], 0
+    while row < reasoning:
+        rows = min(per_call, reasoning - row)
+        if max_batch_tokens:
+            rows = max(1, min(rows, max_batch_tokens // (prompt + row + horizon)))
+            while rows > 1 and rows * (prompt + row + rows - 1 + horizon) > max_batch_tokens:
+                rows -= 1
+        chunks.append((prompt + row + rows - 1, rows))
+        row += rows
+    return chunks

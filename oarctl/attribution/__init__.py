@@ -12,6 +12,7 @@ from oarctl.attribution import controls  # noqa: F401  (registers uniform, rando
 from oarctl.attribution import oar  # noqa: F401  (registers oar_p, oar_g, entropy)
 from oarctl.attribution import oar_p_cheap  # noqa: F401  (registers oar_p_span, oar_p_screened)
 from oarctl.attribution import flow  # noqa: F401  (registers oar_flow, oar_flow_span)
+from oarctl.attribution import flow_local  # noqa: F401  (registers oar_flow_local)
 from oarctl.attribution import ground_truth  # noqa: F401  (registers truth, truth_shuffled, truth_last)
 from oarctl.attribution import mc_value  # noqa: F401  (registers mc_value)
 from oarctl.attribution.oar import oar_g, oar_g_batch, oar_p, oar_p_batch  # noqa: F401  (the public API)

@@ -8,15 +8,16 @@ from __future__ import annotations
 from oarctl.attribution.outcome import effective_mode
 
 SPAN_NAMES = ("reasoning", "conclude", "answer")
-# the methods whose outcome is attribute.oar_p_mode (OAR-G's is oar_g_mode)
+# the methods whose outcome is attribute.oar_p_mode, and those whose outcome is OAR-G's (oar_g_mode)
 PERTURBING_METHODS = ("oar_p", "oar_p_span", "oar_p_screened", "oar_flow", "oar_flow_span")
+GRADIENT_METHODS = ("oar_g", "oar_flow_local")
 
 
 def outcome_mode(config) -> str | None:
     """The outcome definition the configured method uses (None for methods without one)."""
     if config.method in PERTURBING_METHODS:
         return config.oar_p_mode
-    return config.oar_g_mode if config.method == "oar_g" else None
+    return config.oar_g_mode if config.method in GRADIENT_METHODS else None
 
 
 def span_columns(rollouts, mode: str | None) -> dict:

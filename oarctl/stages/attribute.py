@@ -88,8 +88,10 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     parts = gather_to_rank_zero(scored, state)
     metrics = {"method": config.method, "probe_fraction": sum(r.segments.uses_probe for r in rollouts) / len(rollouts),
                "scored_fraction": len(rows) / len(rollouts)}
-    if config.method in ("oar_flow", "oar_flow_span"):  # its knobs beside the outcome_mode column (the cache
-        metrics["flow_rule"] = config.flow_rule       # key leaves a default out)
+    if config.method in ("oar_flow", "oar_flow_span", "oar_flow_local"):  # its knobs beside the outcome_mode
+        metrics["flow_rule"] = config.flow_rule                          # column (the cache key leaves a default out)
+    if config.method == "oar_flow_local":
+        metrics["flow_horizon"] = config.flow_horizon
     if parts is None:  # not rank 0: it writes
         return StageOutput(None, metrics)
     scored = {row: scores for part in parts for row, scores in part.items()}
