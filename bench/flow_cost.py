@@ -7,10 +7,11 @@ The credit gate (bench/credit_gate.py) times the methods on the chains world's o
 125 reasoning tokens. There oar_flow_local costs about 2x oar_p_span, because it recomputes R x
 horizon positions where windows of 8 recompute about R^2 / 16. This bench measures how that ratio
 moves with R. Each method is called through the attribute registry, exactly as the attribute stage
-calls it, with configs/chains.yaml's attribute section, on `--rows` responses of random tokens: a 64-token prompt, R reasoning tokens and
-`\\boxed{` plus 3 answer tokens. The model is a random-init Qwen2 with the chains policy's shape
-(hidden 96, 3 layers, 4 heads, vocabulary 104) and room for 4,096 positions. Random weights do not
-change the time of a forward; `--hidden` / `--layers` give a wider model. All on one torch thread.
+calls it, with configs/chains.yaml's attribute section, on `--rows` responses of random tokens: a
+64-token prompt, R reasoning tokens and `\\boxed{` plus 3 answer tokens. The model is a random-init
+Qwen2 with the chains policy's shape (hidden 96, 3 layers, 4 heads, vocabulary 104) and room for
+4,096 positions. Random weights do not change the time of a forward; `--hidden` / `--layers` give
+a wider model. All on one torch thread.
 Nothing else should run meanwhile: a benchmark times one torch job at a time.
 
 Prints, per R, each method's seconds per response and oar_flow_local / oar_p_span (measured). It also

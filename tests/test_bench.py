@@ -51,3 +51,17 @@ def test_method_deviations_benchmark_small_run_measures_every_deviation():
     assert [int(n) for n in re.findall(r"^(\d)\. ", result.stdout, re.MULTILINE)] == [1, 2, 3, 4, 5]
     later = [float(x) for x in re.findall(r"rollouts 2\.\.: mean (\d+\.\d+)", result.stdout)]
     assert len(later) == 2 and later[1] < later[0]
+
+
+def test_flow_cost_benchmark_prints_both_methods_and_their_ratio_per_length():
+    """bench/flow_cost.py on two short lengths: a row per length with oar_p_span, oar_flow_local, the
+    measured ratio (their quotient) and the predicted one, and oar_flow only up to --exact-up-to."""
+    result = subprocess.run([sys.executable, str(BENCH / "flow_cost.py"), "--lengths", "24,48", "--rows", "1",
+                             "--exact-up-to", "24"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(r"^\| (\d+) \| (\d+\.\d+) \| (\d+\.\d+) \| (\d+\.\d+) \| (\d+\.\d+) \| (.+) \|$", result.stdout,
+                      re.MULTILINE)
+    assert [int(r[0]) for r in rows] == [24, 48]
+    for _, span, local, ratio, predicted, exact in rows:
+        assert float(span) >= 0 and float(local) > 0 and float(predicted) > 0
+    assert rows[0][5] != "(not run)" and rows[1][5] == "(not run)"

@@ -165,7 +165,8 @@ def local_links(s: Shape, hw: Hardware, dtype: str, chunk_size: int, max_batch_t
     R = int(reasoning_tokens(response))
     end = prompt + R
     cost = Cost()
-    cost.add(forward_flops(s, end, causal_keys(0, end), R), forward_hbm_bytes(s, b, end, causal_keys(0, end)), hw, dtype)
+    clean_keys = causal_keys(0, end)
+    cost.add(forward_flops(s, end, clean_keys, R), forward_hbm_bytes(s, b, end, clean_keys), hw, dtype)
     chunks = np.array(local_chunks(prompt, R, horizon, chunk_size, max_batch_tokens), dtype=np.float64).reshape(-1, 2)
     last, k = chunks[:, 0], chunks[:, 1]
     tokens = k * horizon

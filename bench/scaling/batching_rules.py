@@ -46,7 +46,8 @@ def screened_count(reasoning: int, screen_fraction: float, audit_fraction: float
     return top + audit
 
 
-def local_chunks(prompt: int, reasoning: int, horizon: int, chunk_size: int, max_batch_tokens: int) -> list[tuple[int, int]]:
+def local_chunks(prompt: int, reasoning: int, horizon: int, chunk_size: int,
+                 max_batch_tokens: int) -> list[tuple[int, int]]:
     """(last start, rows) of every forward of oar_flow_local's rows (flow_local.local_drops with
     local_rows_per_call): chunk_size x max(1, R // (2 horizon)) rows, fewer where rows x (prefix +
     horizon) keys exceed the budget (the last row's prefix counts)."""
