@@ -2,6 +2,7 @@
 
     python scripts/ceiling.py runs/credit                  # every method found, against uniform and truth
     python scripts/ceiling.py runs/credit --sesoi 1.0 --baseline uniform --ceiling truth
+    python scripts/ceiling.py runs/credit-local --ceiling none    # no ceiling among the runs
 
 Reads OUT/<method>-s<seed>/metrics.jsonl and takes the on-policy accuracy of each run (the mean training
 reward over steps >= 1, as `oarctl compare`). Only seeds where every method has a finished run count
@@ -87,8 +88,9 @@ def ceiling_fraction(method: np.ndarray, baseline: np.ndarray, ceiling: np.ndarr
     return float(gain.mean() / headroom.mean()), float(low), float(high)
 
 
-def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str, sesoi: float) -> str:
-    for name in (baseline, ceiling):
+def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str | None, sesoi: float) -> str:
+    """The table; `ceiling` None leaves out the fraction of the ceiling (a dash in its column)."""
+    for name in (baseline, ceiling) if ceiling else (baseline,):
         if name not in runs:
             raise SystemExit(f"error: no finished run of {name!r} (directories <method>-s<seed> with metrics.jsonl)")
     seeds = sorted(set.intersection(*(set(by_seed) for by_seed in runs.values())))
@@ -100,16 +102,16 @@ def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str, sesoi
              f"bootstrap) | 90% CI | equivalent within +-{sesoi:g} |", "|---|---:|---|---:|---|---|---|"]
     for method in sorted(values):
         if method == baseline:
-            lines.append(f"| {method} | {values[method].mean():.1f} | — | — | 0 | — | — |")
+            lines.append(f"| {method} | {values[method].mean():.1f} | — | — | {'0' if ceiling else '—'} | — | — |")
             continue
         difference = values[method] - values[baseline]
         mean, low, high = paired(difference, 0.95)
         _, low90, high90 = paired(difference, 0.90)
-        fraction = ceiling_fraction(values[method], values[baseline], values[ceiling])
+        fraction = ceiling_fraction(values[method], values[baseline], values[ceiling]) if ceiling else None
+        captured = f"{fraction[0]:.2f} [{fraction[1]:.2f}, {fraction[2]:.2f}]" if fraction else "—"
         equivalent = "yes" if -sesoi < low90 and high90 < sesoi else "no"
         lines.append(f"| {method} | {values[method].mean():.1f} | {mean:+.2f} [{low:+.2f}, {high:+.2f}] | "
-                     f"{int((difference > 0).sum())}/{len(seeds)} | {fraction[0]:.2f} [{fraction[1]:.2f}, "
-                     f"{fraction[2]:.2f}] | [{low90:+.2f}, {high90:+.2f}] | {equivalent} |")
+                     f"{int((difference > 0).sum())}/{len(seeds)} | {captured} | [{low90:+.2f}, {high90:+.2f}] | {equivalent} |")
     if "truth_shuffled" in values and ceiling in values:
         mean, low, high = paired(values[ceiling] - values["truth_shuffled"], 0.95)
         lines += ["", f"{ceiling} - truth_shuffled: {mean:+.2f} [{low:+.2f}, {high:+.2f}] points (95% CI)"]
@@ -120,12 +122,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--baseline", default="uniform")
-    parser.add_argument("--ceiling", default="truth")
+    parser.add_argument("--ceiling", default="truth", help="the ceiling method, or 'none' (no fraction column)")
     parser.add_argument("--sesoi", type=float, default=1.0, help="smallest effect of interest, points")
     args = parser.parse_args(argv)
     if not args.out.is_dir():
         raise SystemExit(f"error: {args.out} is not a directory")
-    text = report(collect(args.out), args.baseline, args.ceiling, args.sesoi)
+    text = report(collect(args.out), args.baseline, None if args.ceiling == "none" else args.ceiling, args.sesoi)
     (args.out / "ceiling.md").write_text(text)
     sys.stdout.write(text)
 
