@@ -23,8 +23,9 @@ What, per response with reasoning tokens t = start + u:
 - I_u = rule(A_u, D[u, :], I[u+1 .. u+horizon]): oar_flow's propagation rules (attribute.flow_rule),
   from the last token back.
 
-Cost: R x horizon recomputed positions plus OAR-G. Against oar_p_span's ~R^2/16 this is cheaper for
-R > 16 x horizon, and about the same at the chains world's R ~ 125. Memory: a forward holds rows x
+Cost: R x horizon recomputed positions plus OAR-G, against oar_p_span's ~R^2/16. Measured
+(bench/flow_cost.py), it is 2.6x oar_p_span at R = 128 and 1.1x at 512, and cheaper from about 600
+tokens. Every row still attends the whole clean prefix. Memory: a forward holds rows x
 (prefix + horizon) keys per layer, within attribute.max_batch_tokens; the output layer runs at most
 LOGIT_TOKENS positions at a time; D is used row by row (O(R x horizon) floats). Outcome and
 log-probability math is float64.
