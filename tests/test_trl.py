@@ -83,7 +83,7 @@ def test_the_gradient_comparison_sees_a_different_attribution(tiny_policy, signa
 def oar_runs(tiny_policy, signal_data, tmp_path_factory):
     """One training step per method, with its artifacts; {method: (trainer, batch, log dir)}."""
     runs = {}
-    for method in ("oar_g", "oar_p"):
+    for method in ("oar_g", "oar_p", "oar_flow_local"):
         folder = tmp_path_factory.mktemp(f"trl-{method}")
         trainer, _, batches = _train(OARGRPOTrainer, tiny_policy, signal_data["train"], folder / "trl",
                                      attribution=method, log_dir=folder / "oar")
@@ -105,7 +105,7 @@ def _oarctl_advantages(log_dir: Path, policy: Path, out: Path) -> list[list[floa
     return pq.read_table(out / "advantages.parquet")["token_advantages"].to_pylist()
 
 
-@pytest.mark.parametrize("method", ["oar_g", "oar_p"])
+@pytest.mark.parametrize("method", ["oar_g", "oar_p", "oar_flow_local"])
 def test_token_advantages_are_oarctl_attribute_then_reshape(oar_runs, tiny_policy, tmp_path, method):
     _, batch, log_dir = oar_runs[method]
     expected = _oarctl_advantages(log_dir, tiny_policy, tmp_path)
