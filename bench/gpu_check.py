@@ -9,7 +9,7 @@
 
 Part `long` (issue 14): synthetic rollouts of `--long-tokens` (2,048) toy tokens each, two groups of
 `--group` with mixed rewards, go through the real stages: the attribute stage in bfloat16 with
-oar_g (gradient checkpointing on), oar_p_span, oar_p_screened, and exact oar_p on `--exact-rows`
+oar_g (gradient checkpointing on), oar_p_span, oar_p_screened, oar_flow_local, and exact oar_p on `--exact-rows`
 responses only, then reshape and the update (fp32 weights, AdamW) within `update.micro_batch_tokens`.
 Each prints its seconds, seconds per response and peak GPU memory, so attribution is read next to
 the update that follows it. The synthetic log-probs are not the policy's (the update's ratios are

@@ -45,9 +45,9 @@ def test_tiny_runs_every_stage_of_a_step_and_the_long_attribution_on_cpu(tmp_pat
     rows = _rows(result.stdout)
     step = ["sample", "verify", "attribute_oar_g", "attribute_oar_p_span", "reshape", "update", "update_fsdp_x2",
             "update_persistent_request1", "update_persistent_request2"]
-    long = ["long_verify", "long_attribute_oar_g", "long_attribute_oar_p_span", "long_attribute_oar_p_screened",
-            "long_attribute_oar_p", *(f"long_attribute_{m} vs oar_p" for m in ("oar_g", "oar_p_span", "oar_p_screened")),
-            "long_reshape", "long_update"]
+    methods = ("oar_g", "oar_p_span", "oar_p_screened", "oar_flow_local")
+    long = ["long_verify", *(f"long_attribute_{m}" for m in methods), "long_attribute_oar_p",
+            *(f"long_attribute_{m} vs oar_p" for m in methods), "long_reshape", "long_update"]
     assert list(rows) == step + long
     assert "4 responses" in rows["long_attribute_oar_g"] and "2 responses" in rows["long_attribute_oar_p"]
     assert "top-20% recall" in rows["long_attribute_oar_p_span vs oar_p"]

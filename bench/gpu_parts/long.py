@@ -42,6 +42,7 @@ LONG_METHODS = {  # method: extra overrides
     "oar_g": ["attribute.gradient_checkpointing=true"],
     "oar_p_span": [],
     "oar_p_screened": [],
+    "oar_flow_local": [],  # not a cheap OAR-P: its agreement row says how far its credit is from OAR-P's
 }
 
 
