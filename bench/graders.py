@@ -4,7 +4,7 @@
     python bench/graders.py --problems 40        # a smaller rollout set
     python bench/graders.py --problems 0         # the labelled tables only
 
-Two labelled tables of (response or bare answer, gold, equal) cases with a `kind` each:
+Three labelled tables of (response or bare answer, gold, equal) cases with a `kind` each:
 - bench/data/graders_labelled.jsonl: hand-written; oarctl's extraction rules were written against it;
 - bench/data/graders_heldout.jsonl: held out. Cases transcribed from other graders' public test suites
   (math-verify, lighteval, NeMo-Skills; each row names its `source`), committed before the rules of
@@ -13,6 +13,11 @@ Two labelled tables of (response or bare answer, gold, equal) cases with a `kind
   than ~1,500 characters, and cases whose label depends on a non-default option of the suite
   (a float precision, `allow_set_relation_comp=True`, a LaTeX-only extraction that refuses a
   multi-line `$...$`).
+- bench/data/graders_heldout_multilingual.jsonl: held out, committed before any rule of issue 43 was
+  written: answers in other languages (MGSM-style zh/fr/es/de/ru/ja), choice letters (GPQA-style),
+  units on one side, mixed numbers and scientific notation, sets over several boxes, a stray
+  trailing delimiter; each row names the public suite or benchmark whose shape it follows, and
+  the wrong answers a careless rule would accept are among them.
 
 A grader agrees with a case when its verdict (correct or not) equals the label: a false positive
 says correct where the label says not equal, a false negative the reverse. Graders:
@@ -41,6 +46,8 @@ from verify import load_table  # noqa: F401  (the labelled tables' reader lives 
 HERE = Path(__file__).resolve().parent
 TABLE = HERE / "data" / "graders_labelled.jsonl"
 HELD_OUT = HERE / "data" / "graders_heldout.jsonl"
+HELD_OUT_MULTILINGUAL = HERE / "data" / "graders_heldout_multilingual.jsonl"
+HELD_OUT_TABLES = (HELD_OUT.name, HELD_OUT_MULTILINGUAL.name)
 def math_verify_grader(responses: list[str], golds: list[str]) -> list[bool]:
     import math_verify
 
@@ -159,18 +166,19 @@ def print_matrix(problems: int, group: int, seed: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", type=Path, action="append",
-                        help=f"a labelled table (repeatable; default: {TABLE.name} and {HELD_OUT.name})")
+                        help=f"a labelled table (repeatable; default: {TABLE.name}, {HELD_OUT.name}, "
+                             f"{HELD_OUT_MULTILINGUAL.name})")
     parser.add_argument("--problems", type=int, default=500, help="MATH-500 problems of the rollout set (0: skip)")
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show", type=int, default=20, help="disagreements with the label to print per grader")
     args = parser.parse_args()
 
-    tables = {path: load_table(path) for path in args.table or [TABLE, HELD_OUT]}
+    tables = {path: load_table(path) for path in args.table or [TABLE, HELD_OUT, HELD_OUT_MULTILINGUAL]}
     print(f"oarctl worker pool start-up: {start_pool():.2f} s (not in the answers/s below)")
     for path, rows in tables.items():
         results, verdicts_of = grade_all([row["response"] for row in rows], [row["gold"] for row in rows])
-        print_labelled(f"{path.name}{' (held out)' if path.name == HELD_OUT.name else ''}", rows, results)
+        print_labelled(f"{path.name}{' (held out)' if path.name in HELD_OUT_TABLES else ''}", rows, results)
         print_second_path(verdicts_of)
         print("\ndisagreements with the label:")
         for name in results:
