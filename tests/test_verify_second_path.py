@@ -16,8 +16,9 @@ from oarctl.verify import verdict_columns, verify_batch
 from oarctl.verify.second_path import math_verify_gold
 
 BENCH_DATA = Path(__file__).resolve().parent.parent / "bench" / "data"
-# The strict verdict of every row of both labelled tables, written by the checker of commit e613466
-# (before the second path and the family rules of issue 31). After a deliberate change of strict
+# The strict verdict of every row of the labelled tables, written by the checker of commit e613466
+# (before the second path and the family rules of issue 31); the rows of graders_heldout_multilingual.jsonl
+# by the checker of commit 53c3bb8, before the rules of issue 43. After a deliberate change of strict
 # mode, rewrite it with `python tests/test_verify_second_path.py`.
 STRICT_VERDICTS = Path(__file__).resolve().parent / "data" / "strict_verdicts.jsonl"
 FIELDS = ("extracted", "start", "end", "normalized_answer", "normalized_gold", "verdict", "parse_ok", "timed_out")
@@ -84,11 +85,11 @@ def test_second_path_runs_in_the_killable_pool_under_the_same_timeout():
     assert (verdicts[0].verdict, verdicts[0].graded_by, verdicts[0].second_path) == ("wrong", "oarctl", True)
 
 
-TABLES = ("graders_labelled.jsonl", "graders_heldout.jsonl")
+TABLES = ("graders_labelled.jsonl", "graders_heldout.jsonl", "graders_heldout_multilingual.jsonl")
 
 
 def strict_verdicts() -> list[dict]:
-    """The strict verdict of every row of both tables, each naming its table and line."""
+    """The strict verdict of every row of the tables, each naming its table and line."""
     rows = [(name, line, row) for name in TABLES for line, row in enumerate(rows_of(name), 1)]
     verdicts = verify_batch([row["response"] for *_, row in rows], [row["gold"] for *_, row in rows],
                             extraction="strict", workers=2, timeout=20.0)
