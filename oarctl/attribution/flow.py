@@ -39,12 +39,15 @@ import torch
 
 from oarctl.attribution import outcome
 from oarctl.attribution.base import ATTRIBUTION_METHODS, Rollout, on_reasoning
-from oarctl.attribution.oar import _perturb_token, _perturbation_chunks, _plan, items
+from oarctl.attribution.oar import OAR_P_MODE, _perturb_token, _perturbation_chunks, _plan, items
 from oarctl.attribution.oar_p_cheap import spread, windows
 from oarctl.attribution.prefix import frozen_prefix
 from oarctl.registry import Registry
+from oarctl.schema import AttributeConfig
 
 Span = tuple[int, int]
+FLOW_RULE = AttributeConfig.flow_rule  # defaults of the Python API: the config's
+CHUNK_SIZE = AttributeConfig.chunk_size
 LOGIT_TOKENS = 1024  # rows x positions projected to the vocabulary at once (with V = 152k: ~1.2 GB float64)
 
 # (A_u, D[u, later units], I[later units]) -> I_u, all float64
@@ -171,15 +174,28 @@ def flow_method_scores(rollouts: list[Rollout], config, context, span: bool,
     return scores
 
 
+def oar_flow(model, input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, mode: str = OAR_P_MODE,
+             rule: str = FLOW_RULE, perturb_token_id: int | None = None, chunk_size: int = CHUNK_SIZE,
+             max_batch_tokens: int = 0) -> torch.Tensor:
+    """oar_flow credit (R,) float32 of each reasoning token of one response, as the `oar_flow` registry entry
+    scores it (negative credit clipped to 0): the public API beside `oar_p` and `oar_g`. `mode` is OAR-P's
+    outcome (attribute.oar_p_mode), `rule` the propagation rule (attribute.flow_rule)."""
+    units = flow_units(reasoning_span, None, span=False)
+    credit = flow_scores(model, input_ids, reasoning_span, answer_span, units, mode, perturb_token_id, chunk_size,
+                         max_batch_tokens, (rule,))[rule]
+    return spread(torch.from_numpy(credit), units, reasoning_span[0], None,
+                  reasoning_span[1] - reasoning_span[0]).float()
+
+
 @ATTRIBUTION_METHODS.register("oar_flow")
-def oar_flow(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
+def oar_flow_method(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
     """Propagated OAR-P: a token's credit is its strongest chain of effects to the answer."""
     scores = flow_method_scores(rollouts, config, context, span=False)[config.flow_rule]
     return [on_reasoning(r, s) for r, s in zip(rollouts, scores)]
 
 
 @ATTRIBUTION_METHODS.register("oar_flow_span")
-def oar_flow_span(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
+def oar_flow_span_method(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
     """oar_flow over oar_p_span's windows (attribute.span_tokens), each window's credit spread evenly."""
     scores = flow_method_scores(rollouts, config, context, span=True)[config.flow_rule]
     return [on_reasoning(r, s) for r, s in zip(rollouts, scores)]

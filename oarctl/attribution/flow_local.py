@@ -36,11 +36,13 @@ import numpy as np
 import torch
 
 from oarctl.attribution.base import ATTRIBUTION_METHODS, Rollout, on_reasoning
-from oarctl.attribution.flow import FLOW_RULES, _decode, _perturb_token, _token_log_probs
-from oarctl.attribution.oar import additive_causal_mask, oar_g_scores
+from oarctl.attribution.flow import CHUNK_SIZE, FLOW_RULE, FLOW_RULES, _decode, _perturb_token, _token_log_probs
+from oarctl.attribution.oar import NOISE_STD, OAR_G_MODE, additive_causal_mask, oar_g, oar_g_scores
+from oarctl.schema import AttributeConfig
 from oarctl.attribution.prefix import frozen_prefix
 
 Span = tuple[int, int]
+FLOW_HORIZON = AttributeConfig.flow_horizon  # the Python API's default: the config's
 
 
 def local_rows(rows_left: int, first: int, horizon: int, rows_per_call: int, max_batch_tokens: int) -> int:
@@ -118,11 +120,29 @@ def propagate(direct: np.ndarray, drops: np.ndarray, rule: str) -> np.ndarray:
 def local_rows_per_call(config, reasoning_tokens: int) -> int:
     """As many recomputed positions per forward as an average oar_flow chunk: chunk_size rows, each
     recomputing about half the reasoning."""
-    return config.chunk_size * max(1, reasoning_tokens // (2 * config.flow_horizon))
+    return rows_per_call(config.chunk_size, config.flow_horizon, reasoning_tokens)
+
+
+def rows_per_call(chunk_size: int, horizon: int, reasoning_tokens: int) -> int:
+    return chunk_size * max(1, reasoning_tokens // (2 * horizon))
+
+
+def oar_flow_local(model, input_ids: torch.Tensor, reasoning_span: Span, answer_span: Span, mode: str = OAR_G_MODE,
+                   noise_std: float = NOISE_STD, seed: int = 0, horizon: int = FLOW_HORIZON, rule: str = FLOW_RULE,
+                   perturb_token_id: int | None = None, chunk_size: int = CHUNK_SIZE,
+                   max_batch_tokens: int = 0) -> torch.Tensor:
+    """oar_flow_local credit (R,) float32 of each reasoning token of one response, as the `oar_flow_local`
+    registry entry scores it: the public API beside `oar_p` and `oar_g`. `mode`, `noise_std` and `seed` are
+    OAR-G's (the direct effect; the registry seeds each row with `base.row_seed`), `horizon` and `rule` the
+    links' (attribute.flow_horizon, attribute.flow_rule)."""
+    direct = oar_g(model, input_ids, reasoning_span, answer_span, mode, noise_std, seed)
+    per_call = rows_per_call(chunk_size, horizon, reasoning_span[1] - reasoning_span[0])
+    drops = local_drops(model, input_ids, reasoning_span, horizon, perturb_token_id, per_call, max_batch_tokens)
+    return torch.from_numpy(propagate(direct.double().numpy(), drops, rule)).float()
 
 
 @ATTRIBUTION_METHODS.register("oar_flow_local")
-def oar_flow_local(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
+def oar_flow_local_method(rollouts: list[Rollout], table, config, context) -> list[np.ndarray]:
     """oar_flow with links within attribute.flow_horizon tokens and OAR-G's direct effect."""
     model, tokenizer = context.policy.load()
     direct = oar_g_scores(model, rollouts, config, context)
