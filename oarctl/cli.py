@@ -226,11 +226,13 @@ def report(run_dir: Path, output: Optional[Path] = typer.Option(
 def compare(run_dirs: List[Path], output: Path = typer.Option(
         Path("compare.html"), "-o", "--output", help="HTML page; the table also goes to OUTPUT with .md"),
         target: Optional[float] = typer.Option(None, "--target", help="held-out greedy accuracy for "
-                                               "'steps to target' (default 0.45)")):
+                                               "'steps to target' (default 0.45)"),
+        allow_mixed: bool = typer.Option(False, "--allow-mixed", help="compare runs whose machine or versions differ "
+                                         "or were not recorded (refused otherwise)")):
     """Runs grouped by attribute.method, mean ± std over seeds: accuracy, steps to target, time per step."""
     from oarctl.report.compare import compare_runs
 
-    typer.echo(compare_runs(run_dirs, output, target, log=_log), nl=False)
+    typer.echo(compare_runs(run_dirs, output, target, log=_log, allow_mixed=allow_mixed), nl=False)
 
 
 @app.command()

@@ -22,6 +22,11 @@ from oarctl.schema import (KEYED_WHEN_SET, MC_OPTIONS, AttributeConfig, DataConf
                            VerifyConfig, VllmConfig, attribute_key, keyed_when_set, option, section_dict, to_dict)
 
 
+# The top-level key of a run's config.yaml that records where it ran (oarctl/provenance.py): a fact, not a
+# setting, so loading a run's config.yaml (`oarctl status`, a launched stage, a user's copy) skips it.
+RECORDED = "provenance"
+
+
 def _coerce(value, expected: type, where: str):
     """Check one value against its declared type; ints are accepted where floats are expected."""
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -81,6 +86,7 @@ def read_yaml_mapping(path: Path, what: str = "config file", mapping: str = "a m
 
 def _read_yaml(path: Path):
     document = read_yaml_mapping(path)
+    document.pop(RECORDED, None)
     for section, values in document.items():
         if not isinstance(values, dict):
             raise OarError(f"{path}: section {section!r} must be a mapping of options")

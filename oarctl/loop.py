@@ -15,7 +15,7 @@ from typing import Callable
 
 import yaml
 
-from oarctl import schema
+from oarctl import provenance, schema
 from oarctl.artifacts import write_bytes_atomically, write_parquet
 from oarctl.errors import OarError
 from oarctl.logging_backends import MetricsSinks
@@ -40,7 +40,8 @@ def prepare_run_dir(run_dir: Path, config) -> dict[str, Path]:
 
     run_dir.mkdir(parents=True, exist_ok=True)
     sweep_dead_temporaries(run_dir)
-    write_bytes_atomically(run_dir / "config.yaml", yaml.safe_dump(schema.to_dict(config), sort_keys=False))
+    recorded = {**schema.to_dict(config), "provenance": provenance.record()}  # where it (re)started; not a setting
+    write_bytes_atomically(run_dir / "config.yaml", yaml.safe_dump(recorded, sort_keys=False))
     paths = {}
     for split, source in (("train", config.data.train), ("heldout", config.data.heldout)):
         paths[split] = run_dir / "data" / f"{split}.parquet"

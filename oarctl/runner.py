@@ -4,8 +4,10 @@ A stage's output `X` (a Parquet file, or a policy folder for `update`) is comple
 `X.manifest.json` exists beside it and records the same cache key. The key is the sha256 of the
 stage name and version, its config section, the seed and step, and the content hashes of its
 inputs, so editing a config or an upstream file re-runs exactly what depends on it, and
-`oarctl status` can say why. A policy folder is written by what the update stage returns
-(`trained.write`, oarctl/training/save.py); the runner knows keys, manifests and atomic outputs only.
+`oarctl status` can say why. The manifest also records where the stage ran (oarctl/provenance.py),
+outside the key: a finished output stays finished on another machine. A policy folder is written by
+what the update stage returns (`trained.write`, oarctl/training/save.py); the runner knows keys,
+manifests and atomic outputs only.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
+from oarctl import provenance
 from oarctl.artifacts import read_artifact, temporary_sibling, write_parquet
 from oarctl.contract import Policy, StageContext, StageOutput  # noqa: F401 re-export for one release: oarctl.contract
 from oarctl.distributed import rank
@@ -110,6 +113,7 @@ def write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, out
                 "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if not rank() == 0:
         return manifest  # rank 0 writes it
+    manifest["provenance"] = provenance.record()  # beside the key, never in it: a cache hit holds on any machine
     path = manifest_path(output)
     temporary = temporary_sibling(path)
     temporary.write_text(json.dumps(manifest, indent=1, sort_keys=True, default=str))

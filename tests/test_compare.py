@@ -11,11 +11,17 @@ import pytest
 import yaml
 
 
+# where every fake run ran (the fields oarctl/provenance.py compares); tests/test_provenance.py varies it
+PROVENANCE = {"oarctl": {"version": "0.1.0", "source_sha256": "0" * 16}, "versions": {"torch": "2.13.0"},
+              "machine": {"cpu": "test CPU", "cpu_capability": "AVX2", "gpu": None, "gpus": 0}}
+
+
 def fake_run(folder: Path, method: str, seed: int, accuracy: list[float], rewards: list[float],
              seconds: float) -> Path:
     """A run folder as `oarctl run` leaves it: config.yaml, metrics.jsonl, step manifests."""
     folder.mkdir(parents=True)
-    (folder / "config.yaml").write_text(yaml.safe_dump({"run": {"seed": seed}, "attribute": {"method": method}}))
+    (folder / "config.yaml").write_text(yaml.safe_dump({"run": {"seed": seed}, "attribute": {"method": method},
+                                                        "provenance": PROVENANCE}))
     lines = [{"kind": "eval", "after_steps": 2 * i, "eval/greedy_accuracy": a, "eval/avg@4": a / 2}
              for i, a in enumerate(accuracy)]
     lines += [{"kind": "step", "step": s, "verify/reward_mean": r} for s, r in enumerate(rewards)]
@@ -24,7 +30,8 @@ def fake_run(folder: Path, method: str, seed: int, accuracy: list[float], reward
         step_folder = folder / f"step_{step:04d}"
         step_folder.mkdir()
         for name in ("rollouts.parquet", "advantages.parquet", "policy"):  # stage times add up per step
-            (step_folder / f"{name}.manifest.json").write_text(json.dumps({"wall_seconds": seconds / 3}))
+            (step_folder / f"{name}.manifest.json").write_text(json.dumps({"wall_seconds": seconds / 3,
+                                                                             "provenance": PROVENANCE}))
     return folder
 
 

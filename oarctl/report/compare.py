@@ -12,9 +12,12 @@ seed-to-seed spread; mean and a 95% Student-t interval over the seeds. A third p
 the on-policy accuracy: the mean training reward over steps 1.. (a step's reward is the sampled
 accuracy of that step's policy on its prompts, which are fresh until the training set's first epoch
 ends; step 0 is the base, the same for every method of a seed), a measure of learning speed with far
-less seed noise than one final evaluation. Last, the seconds per step split by stage. Writes a
-Markdown table and an HTML page with the overlaid curves (mean over seeds, min-max band) embedded,
-plus the curves as PNGs beside the page.
+less seed noise than one final evaluation. Last, the seconds per step split by stage, with each
+method's credit / sampling (attribute seconds over sample seconds: what its credit costs against
+sampling the same rollouts), and one line saying where the runs ran. Runs whose machine or versions
+differ, or were not recorded, are refused unless `allow_mixed` (oarctl/provenance.py): their
+differences would be the machine's as much as the method's. Writes a Markdown table and an HTML page
+with the overlaid curves (mean over seeds, min-max band) embedded, plus the curves as PNGs beside the page.
 """
 from __future__ import annotations
 
@@ -199,14 +202,19 @@ def paired_tables(groups: dict[str, list[RunSummary]], baseline: str = BASELINE)
 
 
 def stage_table(groups: dict[str, list[RunSummary]]) -> str:
-    """Seconds per step by stage: per method, the mean over its runs of each run's mean over steps."""
+    """Seconds per step by stage: per method, the mean over its runs of each run's mean over steps, and
+    the price of its credit, credit / sampling = attribute seconds / sample seconds of the same steps."""
     stages = [s for s in STAGE_OUTPUTS if any(s in r.stage_seconds for runs in groups.values() for r in runs)]
     if not stages:
         return ""
-    lines = ["| method | " + " | ".join(stages) + " | step total |", "|---" * (len(stages) + 2) + "|"]
+    lines = ["| method | " + " | ".join(stages) + " | step total | credit / sampling |",
+             "|---" * (len(stages) + 3) + "|"]
     for method, runs in groups.items():
-        means = [np.mean([r.stage_seconds[s] for r in runs if s in r.stage_seconds] or [np.nan]) for s in stages]
-        lines.append(f"| {method} | " + " | ".join(f"{m:.1f}" for m in means) + f" | {np.nansum(means):.1f} |")
+        means = dict(zip(stages, (np.mean([r.stage_seconds[s] for r in runs if s in r.stage_seconds] or [np.nan])
+                                  for s in stages)))
+        price = means.get("attribute", np.nan) / means["sample"] if means.get("sample") else np.nan
+        lines.append(f"| {method} | " + " | ".join("—" if np.isnan(m) else f"{m:.1f}" for m in means.values())
+                     + f" | {np.nansum(list(means.values())):.1f} | {'—' if np.isnan(price) else f'{price:.2f}x'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -246,18 +254,23 @@ def _html_table(markdown: str) -> str:
             + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows[1:]) + "</table>")
 
 
-def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None, log=print) -> str:
-    """Write OUTPUT (HTML), OUTPUT with .md and OUTPUT_STEM/{accuracy,reward,entropy_*}.png; returns the table."""
+def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None, log=print,
+                 allow_mixed: bool = False) -> str:
+    """Write OUTPUT (HTML), OUTPUT with .md and OUTPUT_STEM/{accuracy,reward,entropy_*}.png; returns the table.
+    Refuses runs whose machine or versions differ or are unknown unless `allow_mixed` (oarctl/provenance.py)."""
     from oarctl.artifacts import write_bytes_atomically
+    from oarctl.provenance import check_runs
 
+    provenance = check_runs(run_dirs, allow_mixed)  # before any work: a refusal costs nothing
     target = DEFAULT_TARGET if target is None else target
     groups: dict[str, list[RunSummary]] = {}
     for summary in sorted((summarise(d, target) for d in run_dirs), key=lambda s: (s.method, s.seed)):
         groups.setdefault(summary.method, []).append(summary)
     main, sections, images = markdown_table(groups, target), paired_tables(groups), curve_images(groups)
     if stages := stage_table(groups):
-        sections.append(("Seconds per step by stage (wall, mean over steps and seeds)", stages))
-    table = main + "".join(f"\n{title}:\n\n{block}" for title, block in sections)
+        sections.append(("Seconds per step by stage (wall, mean over steps and seeds; credit / sampling = "
+                         "attribute / sample: the price of the credit against sampling the same rollouts)", stages))
+    table = main + "".join(f"\n{title}:\n\n{block}" for title, block in sections) + f"\n{provenance}\n"
     for name, png in images.items():
         write_bytes_atomically(output.parent / output.stem / f"{name}.png", png)
     write_bytes_atomically(output.with_suffix(".md"), table)
@@ -267,6 +280,6 @@ def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None
     write_bytes_atomically(output, f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>oarctl compare</title>'
                                    f'<style>{style}</style></head><body><h1>Runs compared</h1>{_html_table(main)}'
                                    + "".join(f"<h2>{html.escape(title)}</h2>{_html_table(block)}" for title, block in sections)
-                                   + f'<h2>Curves</h2>{figures}</body></html>')
+                                   + f'<p>{html.escape(provenance)}</p><h2>Curves</h2>{figures}</body></html>')
     log(f"compare: {sum(len(r) for r in groups.values())} runs, {len(groups)} methods -> {output}")
     return table
