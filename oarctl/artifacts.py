@@ -114,6 +114,8 @@ SCHEMAS = {
 }
 # Columns that only some artifacts carry; where present they are checked and kept by every later stage.
 OPTIONAL = {
+    "prompts": [("messages", pa.string())],  # chat-format prompts: the message list as JSON ("" for plain
+                                             # text rows); sample and evaluate apply the chat template to it
     "rollouts": [("token_truth", pa.list_(pa.int8()))],  # chains toy family only: ground-truth credit label
 }                                                         # per response token, 1 / 0 / -1 (oarctl/toy/truth.py)
 for _later in ("verified", "attributions", "advantages"):

@@ -80,6 +80,10 @@ def evaluate_command(config, prompts: Path | None, output: Path, policy_path: Pa
         raise OarError(f"{prompts}: give either a prompts file or evaluate.benchmarks, not both")
     if prompts is None and not config.evaluate.benchmarks:
         raise OarError("evaluate: give a prompts file, or set evaluate.benchmarks in the config")
+    if prompts is not None:  # the user's prompts, as `oarctl run` reads data.heldout
+        from oarctl.data import stage_prompts
+
+        prompts = stage_prompts(str(prompts), output, config, "heldout", log=log)
     source = evaluation_prompts(config, prompts, output.with_name(output.stem + ".benchmarks.parquet"))
     manifest, ran = run_stage(EVALUATE, config, {"prompts": source}, output, policy_path=policy_path,
                               force=force, log=log)

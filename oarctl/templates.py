@@ -6,12 +6,15 @@
                      evaluation harness prompts (needs a tokenizer with a chat template)
     base             plain text for base models, no chat tokens
     anything else    a path to a text file, or a string, containing `{problem}`
+Chat-format prompts (a prompts row with `messages`, as TRL takes prompts) bring their own turns: they go
+through the model's chat template as they are, whatever the template (`encode_prompt`).
 
 User templates substitute `{problem}` and nothing else: other braces stay literal (LaTeX such as
 `\\boxed{}` would break `str.format`), and the text is never evaluated.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,3 +101,12 @@ def encode(tokenizer, problem: str, spec: str | Template = DEFAULT) -> list[int]
     template = spec if isinstance(spec, Template) else resolve(spec)
     text = render(tokenizer, problem, template)
     return tokenizer(text, add_special_tokens=not template.uses_chat_tokens)["input_ids"]
+
+
+def encode_prompt(tokenizer, row: dict, spec: str | Template = DEFAULT) -> list[int]:
+    """A prompts row's token ids: a chat-format row (its `messages`, JSON) through the model's chat
+    template with the generation prompt, as TRL encodes conversational prompts; any other through `spec`."""
+    if row.get("messages"):
+        text = _chat(tokenizer, json.loads(row["messages"]))
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return encode(tokenizer, row["problem"], spec)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from oarctl.config import load_config
-from oarctl.data import load_benchmarks, load_prompts
+from oarctl.data import load_benchmarks, load_prompts, problem_id
 from oarctl.errors import OarError
 
 ROWS = [{"id": "m-1", "problem": "P1", "answer": "1", "level": 3},
@@ -57,23 +57,23 @@ def test_json_list_and_parquet_with_a_column_mapping(tmp_path):
         assert table.to_pylist() == [{"prompt_id": f"q{i}", "problem": f"Q{i}", "answer": str(i)} for i in range(3)]
 
 
-def test_ids_fall_back_to_prompt_id_then_file_and_row(tmp_path):
+def test_ids_fall_back_to_prompt_id_then_the_problem_hash(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", [{"prompt_id": "x", "problem": "p", "answer": "1"},
                                        {"problem": "q", "answer": "2"}])
-    assert ids(load_prompts(str(tmp_path / "a.jsonl"), "train", load_config())) == ["x", "a-2"]
+    assert ids(load_prompts(str(tmp_path / "a.jsonl"), "train", load_config())) == ["x", problem_id("q")]
     pq.write_table(pa.table({"problem": ["p", "q"], "answer": ["1", "2"]}), tmp_path / "b.parquet")
-    assert ids(load_prompts(str(tmp_path / "b.parquet"), "train", load_config())) == ["b-0", "b-1"]
+    assert ids(load_prompts(str(tmp_path / "b.parquet"), "train", load_config())) == [problem_id("p"), problem_id("q")]
 
 
 @pytest.mark.parametrize("content, names", [
     ('{"problem": "p", "answer": "1"}\n{not json\n', ["line 2", "not valid JSON"]),
     ('{"problem": "p", "answer": "1"}\n\n{"answer": "1"}\n', ["line 3", "'problem'"]),
-    ('{"problem": "p"}\n', ["line 1", "'answer'"]),
+    ('{"problem": "p"}\n', ["missing column 'answer'", "data.answer_column"]),
     ('{"problem": ["p"], "answer": "1"}\n', ["line 1", "'problem'"]),
     ('[1, 2]\n', ["line 1", "JSON object"]),
     ('{"id": "a", "problem": "p", "answer": "1"}\n{"id": "a", "problem": "q", "answer": "2"}\n',
      ["line 2", "duplicate id 'a'"]),
-    ('{"problem": "p", "answer": " "}\n', ["has no rows", "data.train"]),
+    ('{"problem": "p", "answer": " "}\n', ["column 'answer' is empty in every row", "data.train"]),
     ('\n', ["has no rows"]),
 ])
 def test_bad_jsonl_names_the_line(tmp_path, content, names):
@@ -155,7 +155,7 @@ def test_cli_run_with_a_parquet_train_set(cli, tiny_config, tmp_path, signal_dat
     result = cli("run", "-c", config, "--run-dir", tmp_path / "R")
     assert result.exit_code == 0, result.output
     train = pq.read_table(tmp_path / "R" / "data" / "train.parquet")
-    assert train.num_rows == len(rows) // 2 and train["prompt_id"][0].as_py() == "train-0"
+    assert train.num_rows == len(rows) // 2 and train["prompt_id"][0].as_py() == problem_id(rows[0]["problem"])
 
 
 def test_hub_policy_name_offline_is_one_line_naming_the_option(tmp_path):

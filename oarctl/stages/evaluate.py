@@ -21,7 +21,7 @@ from oarctl.artifacts import make_table
 from oarctl.contract import StageContext, StageOutput
 from oarctl.metrics import group_metrics, vote_metrics
 from oarctl.policy.backends import generate
-from oarctl.templates import encode, resolve as resolve_template
+from oarctl.templates import encode_prompt, resolve as resolve_template
 from oarctl.verify import CHECKERS
 from oarctl.verify.equivalence import extraction_label
 
@@ -33,7 +33,7 @@ HELDOUT = "heldout"  # the benchmark name of a prompts table without a benchmark
 def _responses(model, tokenizer, prompts, config, context, temperature, copies):
     repeated = [row for row in prompts for _ in range(copies)]
     template = resolve_template(context.prompt_template)
-    encoded = [encode(tokenizer, row["problem"], template) for row in repeated]
+    encoded = [encode_prompt(tokenizer, row, template) for row in repeated]
     generations = generate(context.policy, encoded, temperature=temperature, top_p=config.top_p,
                            max_new_tokens=config.max_new_tokens, seed=context.seed,
                            batch_size=config.batch_size, progress=context.progress)
@@ -54,7 +54,8 @@ def _prompt_rows(table, limit: int) -> list[dict]:
     if "benchmark" not in table.column_names:
         table = table.append_column("benchmark", [[HELDOUT] * table.num_rows])
     rows, seen = [], defaultdict(int)
-    for row in table.select(["prompt_id", "problem", "answer", "benchmark"]).to_pylist():
+    columns = ["prompt_id", "problem", "answer", "benchmark"] + [c for c in ["messages"] if c in table.column_names]
+    for row in table.select(columns).to_pylist():
         seen[row["benchmark"]] += 1
         if not limit or seen[row["benchmark"]] <= limit:
             rows.append(row)

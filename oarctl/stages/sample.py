@@ -18,7 +18,7 @@ import numpy as np
 from oarctl.artifacts import make_table
 from oarctl.contract import StageContext, StageOutput
 from oarctl.policy.backends import engine_report, generate
-from oarctl.templates import encode, resolve as resolve_template
+from oarctl.templates import encode, encode_prompt, resolve as resolve_template
 from oarctl.toy.truth import truth_column
 
 VERSION = "1"
@@ -50,7 +50,7 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     chosen = prompts.take(rows).to_pylist()
     repeated = [row for row in chosen for _ in range(config.group_size)]
     template = resolve_template(context.prompt_template)
-    encoded = {row["prompt_id"]: prompt_token_ids(tokenizer, row["problem"], template) for row in chosen}
+    encoded = {row["prompt_id"]: encode_prompt(tokenizer, row, template) for row in chosen}
     generations = generate(
         context.policy, [encoded[row["prompt_id"]] for row in repeated],
         temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
