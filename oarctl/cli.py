@@ -25,6 +25,8 @@ OutputOption = typer.Option(..., "-o", "--output", help="output path")
 PolicyOption = typer.Option(None, "--policy", help="policy folder (default: policy.path of the config)")
 StepOption = typer.Option(0, "--step", help="RL step index (seeds sampling and the prompt draw)")
 ForceOption = typer.Option(False, "--force", help="recompute even if the output is up to date")
+PROMPTS_HELP = ("prompts: a Parquet, JSONL or JSON file, a folder saved by datasets, or a hub dataset "
+                "name[:config]:split (columns: data.problem_column / data.answer_column)")
 
 
 def user_errors(command):
@@ -55,6 +57,10 @@ def _stage_command(name: str, input_path: Path, output: Path, config_file, overr
 
     config = _config(config_file, overrides)
     (input_name,) = STAGES[name].inputs
+    if STAGES[name].inputs[input_name] == "prompts":  # the user's prompts, as `oarctl run` reads data.train
+        from oarctl.data import stage_prompts
+
+        input_path = stage_prompts(str(input_path), output, config, "train", log=_log)
     policy_path = None
     if STAGES[name].uses_policy:
         policy_path = Path(policy) if policy else resolve_policy_path(config.policy.path)
@@ -85,7 +91,8 @@ def _leave_if_launched() -> None:
 
 @app.command()
 @user_errors
-def sample(prompts: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption, step: int = StepOption,
+def sample(prompts: Path = typer.Argument(..., help=PROMPTS_HELP), output: Path = OutputOption,
+           policy: Optional[Path] = PolicyOption, step: int = StepOption,
            config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption, force: bool = ForceOption):
     """Sample a group of responses for this step's prompts -> rollouts."""
     _stage_command("sample", prompts, output, config, set, policy=policy, step=step, force=force)
@@ -147,7 +154,7 @@ def update_worker(folder: Path, config: Optional[Path] = ConfigOption, set: Opti
 
 @app.command()
 @user_errors
-def evaluate(prompts: Optional[Path] = typer.Argument(None, help="prompts file (omit when evaluate.benchmarks is set)"),
+def evaluate(prompts: Optional[Path] = typer.Argument(None, help=PROMPTS_HELP + "; omit when evaluate.benchmarks is set"),
              output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
              config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption, force: bool = ForceOption):
     """Greedy accuracy, avg@k, pass@k and maj@k of a policy on held-out prompts or on every
