@@ -3,15 +3,26 @@
     python scripts/ceiling.py runs/credit                  # every method found, against uniform and truth
     python scripts/ceiling.py runs/credit --sesoi 1.0 --baseline uniform --ceiling truth
     python scripts/ceiling.py runs/credit-local --ceiling none    # no ceiling among the runs
+    python scripts/ceiling.py docs/results/credit --allow-mixed   # kept runs made before provenance was recorded
 
-Reads OUT/<method>-s<seed>/metrics.jsonl and takes the on-policy accuracy of each run (the mean training
-reward over steps >= 1, as `oarctl compare`). Only seeds where every method has a finished run count
-(pairs stay whole). Per method, in points:
-- the paired difference to the baseline: mean, 95% Student-t interval, seeds won;
+Reads OUT/<method>-s<seed>/{config.yaml,metrics.jsonl} and takes the on-policy accuracy of each run (the
+mean training reward over steps >= 1, as `oarctl compare`). A run counts once it has finished: its metrics
+hold every step its config.yaml's run.steps asked for. Only seeds where every method has a finished run
+count (pairs stay whole). The runs counted must share machine and versions (oarctl/provenance.py:
+config.yaml and the stage manifests record them); runs that differ, or recorded none, are refused unless
+--allow-mixed. Per method, in points:
+- the paired difference to the baseline: mean, 95% Student-t interval, seeds won; beside it the
+  Hodges-Lehmann estimate (the median of the Walsh averages (d_i + d_j) / 2, i <= j) and the two-sided
+  p of Wilcoxon's signed-rank test, exact (zero differences dropped, tied |d| given their mean rank, the
+  p from the exact distribution of the signed-rank sum over the 2^n sign flips of those ranks);
 - the fraction of the ceiling captured, F = mean(method - baseline) / mean(ceiling - baseline), with a
-  95% paired-bootstrap interval (seeds resampled with replacement, 10,000 times, numpy seed 0);
+  95% paired-bootstrap interval (seeds resampled with replacement, 10,000 times, numpy seed 0), reported
+  only when the ceiling's own 95% interval (ceiling - baseline) excludes 0: a ratio over a headroom
+  that may be nothing says nothing;
 - the equivalence test against the baseline (two one-sided t-tests at 5%): equivalent when the 90%
   interval lies inside [-SESOI, +SESOI].
+Errors (no such folder, a run without config.yaml, too few seeds, refused provenance) are one line,
+`error: ...`, exit code 2.
 """
 from __future__ import annotations
 
@@ -25,28 +36,52 @@ import numpy as np
 RUN = re.compile(r"^(?P<method>.+)-s(?P<seed>\d+)$")
 
 
+class Refused(Exception):
+    """A one-line reason the analysis cannot run (main prints it as `error: ...`, exit code 2)."""
+
+
+def configured_steps(run_dir: Path) -> int:
+    """run.steps of the run's config.yaml (the schema's default when the file leaves it out)."""
+    import yaml
+
+    from oarctl.schema import RunConfig
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise Refused(f"{path}: file not found (the configured steps tell when a run has finished)")
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise Refused(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    steps = (document.get("run") or {}).get("steps", RunConfig().steps) if isinstance(document, dict) else None
+    if not isinstance(steps, int) or steps < 2:
+        raise Refused(f"{path}: run.steps must be an integer >= 2 (steps >= 1 give the on-policy accuracy)")
+    return steps
+
+
 def on_policy(run_dir: Path) -> float | None:
-    """The run's on-policy accuracy, or None until it has finished (its final evaluation is written)."""
-    from oarctl.report.run_report import read_metrics
+    """The run's on-policy accuracy, or None until it has finished: every step 0 .. run.steps - 1 recorded."""
     from oarctl.report.compare import on_policy_accuracy
+    from oarctl.report.run_report import read_metrics
 
     if not (run_dir / "metrics.jsonl").is_file():
         return None
+    steps = configured_steps(run_dir)
     lines = read_metrics(run_dir)
-    steps = [x for x in lines if x.get("kind") == "eval"]
-    if not steps or steps[-1]["after_steps"] == 0:
-        return None  # only the base evaluated: the run is not finished
-    return on_policy_accuracy(lines)
+    recorded = {x.get("step") for x in lines if x.get("kind") == "step"}
+    if not set(range(steps)) <= recorded:
+        return None  # still training (or stopped early): not finished
+    return on_policy_accuracy([x for x in lines if x.get("kind") != "step" or x.get("step") < steps])
 
 
-def collect(out: Path) -> dict[str, dict[int, float]]:
-    """{method: {seed: on-policy accuracy}} of the finished runs under `out`."""
-    runs: dict[str, dict[int, float]] = {}
+def collect(out: Path) -> dict[str, dict[int, tuple[float, Path]]]:
+    """{method: {seed: (on-policy accuracy, run folder)}} of the finished runs under `out`."""
+    runs: dict[str, dict[int, tuple[float, Path]]] = {}
     for path in sorted(p for p in out.iterdir() if p.is_dir()):
         match = RUN.match(path.name)
         value = on_policy(path) if match else None
         if value is not None:
-            runs.setdefault(match["method"], {})[int(match["seed"])] = value
+            runs.setdefault(match["method"], {})[int(match["seed"])] = (value, path)
     return runs
 
 
@@ -88,34 +123,117 @@ def ceiling_fraction(method: np.ndarray, baseline: np.ndarray, ceiling: np.ndarr
     return float(gain.mean() / headroom.mean()), float(low), float(high)
 
 
+def signed_rank_test(differences: np.ndarray) -> tuple[float, float]:
+    """(W+, two-sided p) of Wilcoxon's signed-rank test, exact. Zeros are dropped; tied |d| share their
+    mean rank. Under the null each rank's sign is + or - with probability 1/2, independently, so W+ is
+    the sum of a random subset of the ranks: its distribution is built by adding one rank at a time
+    (on doubled ranks, which are integers even when tied), and p = P(|W+ - E W+| >= |w - E W+|)."""
+    differences = np.round(differences, 9)  # float noise of a subtraction must not break a tie or a zero
+    nonzero = differences[differences != 0]
+    if nonzero.size == 0:
+        return 0.0, 1.0
+    magnitudes = np.abs(nonzero)
+    order = np.argsort(magnitudes, kind="stable")
+    ranks = np.empty(nonzero.size)
+    ranks[order] = np.arange(1, nonzero.size + 1)
+    for value in np.unique(magnitudes):  # ties: the mean of the ranks they span
+        tied = magnitudes == value
+        ranks[tied] = ranks[tied].mean()
+    doubled = np.rint(2 * ranks).astype(int)
+    probabilities = np.zeros(int(doubled.sum()) + 1)
+    probabilities[0] = 1.0
+    for rank in doubled:
+        probabilities = 0.5 * (probabilities + np.concatenate([np.zeros(rank), probabilities[:-rank]]))
+    observed, centre = int(doubled[nonzero > 0].sum()), doubled.sum() / 2
+    sums = np.arange(probabilities.size)
+    p = float(probabilities[np.abs(sums - centre) >= abs(observed - centre)].sum())
+    return observed / 2, min(1.0, p)
+
+
+def hodges_lehmann(differences: np.ndarray) -> float:
+    """The median of the Walsh averages (d_i + d_j) / 2 over i <= j: the one-sample Hodges-Lehmann estimate."""
+    i, j = np.triu_indices(differences.size)
+    return float(np.median((differences[i] + differences[j]) / 2))
+
+
+def _fraction_cell(values: dict, method: str, baseline: str, ceiling: str | None, reported: bool) -> str:
+    if not ceiling:
+        return "—"
+    if not reported:
+        return "not reported"
+    fraction = ceiling_fraction(values[method], values[baseline], values[ceiling])
+    return f"{fraction[0]:.2f} [{fraction[1]:.2f}, {fraction[2]:.2f}]"
+
+
+def _row(values: dict, method: str, baseline: str, ceiling: str | None, reported: bool, sesoi: float) -> str:
+    difference = values[method] - values[baseline]
+    mean, low, high = paired(difference, 0.95)
+    _, low90, high90 = paired(difference, 0.90)
+    _, p = signed_rank_test(difference)
+    equivalent = "yes" if -sesoi < low90 and high90 < sesoi else "no"
+    return (f"| {method} | {values[method].mean():.1f} | {mean:+.2f} [{low:+.2f}, {high:+.2f}] | "
+            f"{hodges_lehmann(difference):+.2f} | {p:.3g} | {int((difference > 0).sum())}/{difference.size} | "
+            f"{_fraction_cell(values, method, baseline, ceiling, reported)} | [{low90:+.2f}, {high90:+.2f}] | "
+            f"{equivalent} |")
+
+
+def _ceiling_line(values: dict, baseline: str, ceiling: str | None) -> tuple[list[str], bool]:
+    """The ceiling's own interval, and whether the fraction of it may be reported (the interval excludes 0)."""
+    if not ceiling:
+        return [], False
+    mean, low, high = paired(values[ceiling] - values[baseline], 0.95)
+    reported = low > 0 or high < 0
+    verdict = "excludes 0: the fraction of it is reported" if reported else \
+        "includes 0: the fraction of it is not reported (a ratio over a headroom that may be nothing)"
+    line = f"ceiling {ceiling} - {baseline}: {mean:+.2f} [{low:+.2f}, {high:+.2f}] points (95% CI), {verdict}"
+    return [line, ""], reported
+
+
 def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str | None, sesoi: float) -> str:
     """The table; `ceiling` None leaves out the fraction of the ceiling (a dash in its column)."""
     for name in (baseline, ceiling) if ceiling else (baseline,):
         if name not in runs:
-            raise SystemExit(f"error: no finished run of {name!r} (directories <method>-s<seed> with metrics.jsonl)")
+            raise Refused(f"no finished run of {name!r} (directories <method>-s<seed> with config.yaml and "
+                          f"metrics.jsonl)")
     seeds = sorted(set.intersection(*(set(by_seed) for by_seed in runs.values())))
     if len(seeds) < 2:
-        raise SystemExit(f"error: {len(seeds)} seed(s) with every method finished; need 2")
+        raise Refused(f"{len(seeds)} seed(s) with every method finished; need 2")
     values = {m: 100 * np.array([by_seed[s] for s in seeds]) for m, by_seed in runs.items()}  # points
-    lines = [f"seeds with every method finished: {len(seeds)} ({', '.join(map(str, seeds))})", "",
-             f"| method | on-policy accuracy | - {baseline} (95% CI) | seeds won | fraction of the ceiling (95% "
-             f"bootstrap) | 90% CI | equivalent within +-{sesoi:g} |", "|---|---:|---|---:|---|---|---|"]
+    ceiling_lines, reported = _ceiling_line(values, baseline, ceiling)
+    lines = [f"seeds with every method finished: {len(seeds)} ({', '.join(map(str, seeds))})", "", *ceiling_lines,
+             f"| method | on-policy accuracy | - {baseline}: mean (95% CI) | Hodges-Lehmann | Wilcoxon p | seeds won | "
+             f"fraction of the ceiling (95% bootstrap) | 90% CI | equivalent within +-{sesoi:g} |",
+             "|---|---:|---|---:|---:|---:|---|---|---|"]
     for method in sorted(values):
         if method == baseline:
-            lines.append(f"| {method} | {values[method].mean():.1f} | — | — | {'0' if ceiling else '—'} | — | — |")
+            zero = "0" if reported else "—"
+            lines.append(f"| {method} | {values[method].mean():.1f} | — | — | — | — | {zero} | — | — |")
             continue
-        difference = values[method] - values[baseline]
-        mean, low, high = paired(difference, 0.95)
-        _, low90, high90 = paired(difference, 0.90)
-        fraction = ceiling_fraction(values[method], values[baseline], values[ceiling]) if ceiling else None
-        captured = f"{fraction[0]:.2f} [{fraction[1]:.2f}, {fraction[2]:.2f}]" if fraction else "—"
-        equivalent = "yes" if -sesoi < low90 and high90 < sesoi else "no"
-        lines.append(f"| {method} | {values[method].mean():.1f} | {mean:+.2f} [{low:+.2f}, {high:+.2f}] | "
-                     f"{int((difference > 0).sum())}/{len(seeds)} | {captured} | [{low90:+.2f}, {high90:+.2f}] | {equivalent} |")
+        lines.append(_row(values, method, baseline, ceiling, reported, sesoi))
     if "truth_shuffled" in values and ceiling in values:
         mean, low, high = paired(values[ceiling] - values["truth_shuffled"], 0.95)
         lines += ["", f"{ceiling} - truth_shuffled: {mean:+.2f} [{low:+.2f}, {high:+.2f}] points (95% CI)"]
     return "\n".join(lines) + "\n"
+
+
+def analyse(out: Path, baseline: str, ceiling: str | None, sesoi: float, allow_mixed: bool) -> str:
+    """The report of OUT's finished runs, after checking they share machine and versions; its last line
+    says on what they ran."""
+    from oarctl.errors import OarError
+    from oarctl.provenance import check_runs
+
+    if not out.is_dir():
+        raise Refused(f"{out}: not a directory")
+    found = collect(out)
+    accuracies = {method: {seed: value for seed, (value, _) in by_seed.items()} for method, by_seed in found.items()}
+    text = report(accuracies, baseline, ceiling, sesoi)
+    seeds = set.intersection(*(set(by_seed) for by_seed in found.values()))
+    counted = [path for by_seed in found.values() for seed, (_, path) in sorted(by_seed.items()) if seed in seeds]
+    try:
+        where = check_runs(counted, allow_mixed)
+    except OarError as error:
+        raise Refused(str(error)) from None
+    return text + f"\n{where}\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,11 +242,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline", default="uniform")
     parser.add_argument("--ceiling", default="truth", help="the ceiling method, or 'none' (no fraction column)")
     parser.add_argument("--sesoi", type=float, default=1.0, help="smallest effect of interest, points")
+    parser.add_argument("--allow-mixed", action="store_true",
+                        help="analyse runs whose machine or versions differ or were not recorded (refused otherwise)")
     args = parser.parse_args(argv)
-    if not args.out.is_dir():
-        raise SystemExit(f"error: {args.out} is not a directory")
-    text = report(collect(args.out), args.baseline, None if args.ceiling == "none" else args.ceiling, args.sesoi)
-    (args.out / "ceiling.md").write_text(text)
+    try:
+        text = analyse(args.out, args.baseline, None if args.ceiling == "none" else args.ceiling, args.sesoi,
+                       args.allow_mixed)
+    except Refused as error:
+        sys.stderr.write(f"error: {error}\n")
+        raise SystemExit(2) from None
+    from oarctl.artifacts import write_bytes_atomically
+
+    write_bytes_atomically(args.out / "ceiling.md", text)
     sys.stdout.write(text)
 
 

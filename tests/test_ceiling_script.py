@@ -1,20 +1,35 @@
 """scripts/ceiling.py, the pre-registered analysis of docs/results.md, on handmade runs whose answer is known."""
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import io
+import itertools
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "ceiling.py"
+# where every handmade run ran (the fields oarctl/provenance.py compares)
+MACHINE = {"oarctl": {"version": "0.1.0", "source_sha256": "0" * 16}, "versions": {"torch": "2.13.0"},
+           "machine": {"cpu": "test CPU", "cpu_capability": "AVX2", "gpu": None, "gpus": 0}}
 
 
-def write_run(folder: Path, rewards: list[float], finished: bool = True) -> None:
-    """A run's metrics.jsonl: the base evaluation, one step line per reward, the final evaluation."""
+def write_run(folder: Path, rewards: list[float], finished: bool = True, steps: int | None = None,
+              provenance: dict | None = MACHINE) -> None:
+    """A run's config.yaml (run.steps: `steps`, default one per reward) and metrics.jsonl: the base
+    evaluation, one step line per reward, the final evaluation when `finished`."""
     folder.mkdir(parents=True)
+    config = {"run": {"seed": 0, "steps": len(rewards) if steps is None else steps}}
+    (folder / "config.yaml").write_text(yaml.safe_dump({**config, "provenance": provenance} if provenance else config))
     lines = [{"kind": "eval", "after_steps": 0, "eval/greedy_accuracy": 0.5}]
     lines += [{"kind": "step", "step": step, "verify/reward_mean": r} for step, r in enumerate(rewards)]
     if finished:
@@ -23,8 +38,33 @@ def write_run(folder: Path, rewards: list[float], finished: bool = True) -> None
 
 
 def run(*arguments) -> subprocess.CompletedProcess:
+    """The script as a user runs it (a process of its own)."""
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, arguments)], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
+
+
+def run_here(ceiling, *arguments) -> SimpleNamespace:
+    """The same, in this process (no second start of Python and its imports): returncode, stdout, stderr."""
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            ceiling.main([str(a) for a in arguments])
+        except SystemExit as exit_:
+            code = exit_.code
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+def rows_of(stdout: str) -> dict[str, str]:
+    return {line.split(" | ")[0][2:]: line for line in stdout.splitlines() if line.startswith("| ")}
+
+
+@pytest.fixture(scope="module")
+def ceiling():
+    """scripts/ceiling.py as a module, for its statistics."""
+    spec = importlib.util.spec_from_file_location("ceiling_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_paired_differences_intervals_and_equivalence_match_a_hand_computation(tmp_path):
@@ -35,28 +75,99 @@ def test_paired_differences_intervals_and_equivalence_match_a_hand_computation(t
         write_run(tmp_path / f"uniform-s{seed}", [0.0, value, value])  # step 0 is left out of the accuracy
         for name, gain in gains.items():
             write_run(tmp_path / f"{name}-s{seed}", [0.9, value + gain[seed], value + gain[seed]])
-    write_run(tmp_path / "better-s9", [0.0, 0.9], finished=False)  # unfinished: left out
+    write_run(tmp_path / "uniform-s9", [0.0, 0.9], steps=6)  # configured for 6 steps, 2 done: left out
+    write_run(tmp_path / "better-s9", [0.0, 0.9])
+    write_run(tmp_path / "same-s9", [0.0, 0.9])
     result = run(tmp_path, "--ceiling", "none")
     assert result.returncode == 0, result.stderr
     assert "seeds with every method finished: 6 (0, 1, 2, 3, 4, 5)" in result.stdout
     difference = 100 * gains["better"]
     half = 2.570582 * difference.std(ddof=1) / np.sqrt(6)  # Student t, 5 degrees of freedom, 97.5%
+    walsh = [(a + b) / 2 for a, b in itertools.combinations_with_replacement(difference, 2)]
+    # 6 of 6 seeds won: the signed-rank sum is at its maximum, p = 2 x (1/2)^6 = 0.03125
     expected = f"| better | {100 * (base + gains['better']).mean():.1f} | {difference.mean():+.2f} " \
-               f"[{difference.mean() - half:+.2f}, {difference.mean() + half:+.2f}] | 6/6 | — |"
+               f"[{difference.mean() - half:+.2f}, {difference.mean() + half:+.2f}] | {np.median(walsh):+.2f} | " \
+               f"0.0312 | 6/6 | — |"
     assert expected in result.stdout
-    rows = {line.split(" | ")[0][2:]: line for line in result.stdout.splitlines() if line.startswith("| ")}
+    rows = rows_of(result.stdout)
     assert rows["same"].endswith("| yes |") and rows["better"].endswith("| no |")  # 90% interval inside +-1?
-    assert rows["uniform"] == f"| uniform | {100 * base.mean():.1f} | — | — | — | — | — |"
+    assert re.search(r" \| [+-]0\.00 \| 1 \| 3/6 \| ", rows["same"])  # +-0.1 three times each: W+ at its centre, p = 1
+    assert rows["uniform"] == f"| uniform | {100 * base.mean():.1f} | — | — | — | — | — | — | — |"
     assert (tmp_path / "ceiling.md").read_text() == result.stdout
 
 
-def test_the_fraction_of_the_ceiling_and_a_missing_ceiling(tmp_path):
+def test_the_fraction_of_the_ceiling_is_reported_only_when_the_ceiling_excludes_0(tmp_path, ceiling):
     for seed, value in enumerate([0.4, 0.5, 0.45]):
         write_run(tmp_path / f"uniform-s{seed}", [0.0, value])
-        write_run(tmp_path / f"truth-s{seed}", [0.0, value + 0.04 + 0.01 * seed])
+        write_run(tmp_path / f"truth-s{seed}", [0.0, value + 0.04 + 0.01 * seed])  # +4, +5, +6: [+2.52, +7.48]
         write_run(tmp_path / f"half-s{seed}", [0.0, value + (0.04 + 0.01 * seed) / 2])
-    result = run(tmp_path)
+        write_run(tmp_path / f"flat-s{seed}", [0.0, value + (0.04, -0.03, 0.01)[seed]])  # +4, -3, +1
+    result = run_here(ceiling, tmp_path)
     assert result.returncode == 0, result.stderr
+    assert "ceiling truth - uniform: +5.00 [+2.52, +7.48] points (95% CI), excludes 0" in result.stdout
     assert "| half | " in result.stdout and " | 0.50 [0.50, 0.50] | " in result.stdout
-    missing = run(tmp_path, "--ceiling", "oracle")
-    assert missing.returncode != 0 and "no finished run of 'oracle'" in missing.stderr
+    flat = run_here(ceiling, tmp_path, "--ceiling", "flat")  # the same runs with a ceiling whose interval includes 0
+    assert flat.returncode == 0, flat.stderr
+    assert "ceiling flat - uniform: +0.67 [" in flat.stdout
+    assert "includes 0: the fraction of it is not reported" in flat.stdout
+    rows = rows_of(flat.stdout)
+    assert " | not reported | " in rows["half"] and " | not reported | " in rows["truth"]
+    missing = run_here(ceiling, tmp_path, "--ceiling", "oracle")
+    assert missing.returncode == 2 and "no finished run of 'oracle'" in missing.stderr
+
+
+def test_a_run_is_finished_when_it_recorded_its_configured_steps(tmp_path, ceiling):
+    write_run(tmp_path / "done", [0.0, 0.5, 0.7], finished=False)  # every step, its final evaluation not yet written
+    write_run(tmp_path / "short", [0.0, 0.5, 0.7], steps=4)  # evaluated after 3 of its 4 steps
+    assert ceiling.on_policy(tmp_path / "done") == 0.6 and ceiling.on_policy(tmp_path / "short") is None
+    write_run(tmp_path / "longer", [0.0, 0.5, 0.7, 0.9], steps=3)  # trained on past its budget: step 3 not counted
+    assert ceiling.on_policy(tmp_path / "longer") == 0.6
+    (tmp_path / "uniform-s1").mkdir()
+    (tmp_path / "uniform-s1" / "metrics.jsonl").write_text("")
+    refused = run_here(ceiling, tmp_path)
+    missing = tmp_path / "uniform-s1" / "config.yaml"
+    assert refused.returncode == 2
+    assert refused.stderr == f"error: {missing}: file not found (the configured steps tell when a run has finished)\n"
+
+
+def _by_every_sign_flip(differences: list[float]) -> float:
+    """The slow reference: p over all 2^n sign patterns of the ranks (zeros dropped, ties at mean ranks)."""
+    nonzero = [d for d in differences if d != 0]
+    magnitudes = sorted(abs(d) for d in nonzero)
+    rank = {m: np.mean([i + 1 for i, x in enumerate(magnitudes) if x == m]) for m in magnitudes}
+    ranks = [rank[abs(d)] for d in nonzero]
+    observed, centre = sum(r for r, d in zip(ranks, nonzero) if d > 0), sum(ranks) / 2
+    sums = [sum(r for r, sign in zip(ranks, signs) if sign) for signs in itertools.product([0, 1], repeat=len(ranks))]
+    return sum(abs(s - centre) >= abs(observed - centre) - 1e-9 for s in sums) / len(sums)
+
+
+def test_wilcoxon_signed_rank_and_hodges_lehmann_by_hand(ceiling):
+    # |d| ranks 2, 3, 4 positive, 1 negative: W+ = 9; of the 16 subsets of {1,2,3,4}, sums >= 9 ({2,3,4},
+    # {1,2,3,4}) and <= 1 ({}, {1}) are 4: p = 0.25
+    assert ceiling.signed_rank_test(np.array([1.0, 2.0, 3.0, -0.5])) == (9.0, 0.25)
+    assert ceiling.signed_rank_test(np.array([0.0, 1.0, 2.0, 3.0, -0.5])) == (9.0, 0.25)  # the zero is dropped
+    # ties: |d| 1, 1, 2, 2 take ranks 1.5, 1.5, 3.5, 3.5; W+ = 8.5, centre 5; sums at distance >= 3.5 from it:
+    # 0 (1 way), 1.5 (2), 8.5 (2), 10 (1) of 16: p = 0.375
+    assert ceiling.signed_rank_test(np.array([1.0, -1.0, 2.0, 2.0])) == (8.5, 0.375)
+    assert ceiling.signed_rank_test(np.array([0.0, 0.0])) == (0.0, 1.0)
+    # Walsh averages of 1, 2, 3, -0.5: 1, 2, 3, -0.5, 1.5, 2, 0.25, 2.5, 1.25, 1.25 -> median (1.25 + 1.5) / 2
+    assert ceiling.hodges_lehmann(np.array([1.0, 2.0, 3.0, -0.5])) == 1.375
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        differences = rng.integers(-4, 6, size=11).astype(float)  # ties and zeros
+        assert ceiling.signed_rank_test(differences)[1] == pytest.approx(_by_every_sign_flip(list(differences)))
+
+
+def test_runs_of_another_machine_are_refused_unless_allow_mixed(tmp_path, ceiling):
+    other = {**MACHINE, "versions": {"torch": "2.14.0"}}
+    for seed, value in enumerate([0.4, 0.5]):
+        write_run(tmp_path / f"uniform-s{seed}", [0.0, value])
+        write_run(tmp_path / f"truth-s{seed}", [0.0, value + 0.05], provenance=other if seed else MACHINE)
+    refused = run_here(ceiling, tmp_path)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1 and not refused.stdout
+    assert "torch 2.13.0 vs 2.14.0" in refused.stderr and "--allow-mixed" in refused.stderr
+    mixed = run_here(ceiling, tmp_path, "--allow-mixed")
+    assert mixed.returncode == 0 and "provenance MIXED (compared anyway, --allow-mixed)" in mixed.stdout
+    for seed in (0, 1):
+        write_run(tmp_path / f"late-s{seed}", [0.0, 0.5], provenance=None)  # no provenance at all: unknown
+    assert "recorded no provenance" in run_here(ceiling, tmp_path, "--allow-mixed").stdout
