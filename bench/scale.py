@@ -23,6 +23,10 @@ What a prediction assumes (all printed at the top of a run):
 - engine starts, model loads, verification and the checkpoint write (~90 GB per step) are not in
   the seconds: they add to every stage but attribute, so the attribute shares printed are upper bounds.
 
+Beside every attribution method, its price: credit / rollout = t_attribute(method) / t_sample, the
+predicted seconds of its credit over those of sampling the step's responses (the formula is printed
+with it; issue 38's bar for credit that pays for itself is <= 0.2x).
+
 The formulas are the small functions of bench/scaling/formulas.py, each with its formula in its
 docstring. --calibrate (bench/scaling/calibration.py) checks two of them on CPU against a random-init
 Qwen2 of the 7B's proportions scaled down: the forward FLOPs (torch's FlopCounterMode) and the bytes

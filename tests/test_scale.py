@@ -162,6 +162,26 @@ def test_quick_run_on_the_shipped_configs_prints_every_stage_and_passes():
     assert [line for line in out.splitlines() if line.startswith("  FAIL")] == []
 
 
+def test_every_method_prints_its_credit_seconds_against_the_rollout_seconds(capsys):
+    """credit / rollout = t_attribute(method) / t_sample, each predicted by its stage's formulas (a few cheap
+    methods: the table of every method is the quick run's)."""
+    from bench.scaling.report import COST_BAR, Report, _print_methods
+    from bench.scaling.stages import sample_stage
+
+    setting = _setting("configs/qwen2.5-7b/oar-g.yaml")
+    rollout = sample_stage(setting, HW)
+    credit = {method: attribute_stage(setting, HW, method) for method in ("uniform", "entropy", "oar_g")}
+    _print_methods(Report(setting, {"sample": rollout}, credit, {}, {}), HW, rest=1.0)
+    out = capsys.readouterr().out
+    assert f"credit / rollout = t_attribute(method) / t_sample, t_sample = {rollout.seconds:.1f} s" in out
+    for method, cost in credit.items():
+        price = cost.seconds / rollout.seconds
+        row = re.search(rf"^   [* ] {method}\s.*\s(\d+\.\d{{3}})\s+\d+\.\d{{3}}(  <= {COST_BAR}x)?$", out, re.MULTILINE)
+        assert row and float(row[1]) == pytest.approx(price, abs=6e-4), method
+        assert bool(row[2]) == (0 < price <= COST_BAR), method
+    assert re.search(r"^   [* ] uniform\s.*\s0\.000\s+0\.000$", out, re.MULTILINE)  # no credit to pay for
+
+
 def test_a_gpu_check_log_is_read_and_set_beside_the_prediction(tmp_path):
     log = tmp_path / "gpu_check.txt"
     log.write_text("stage  seconds  peak GiB  notes\n"

@@ -119,16 +119,35 @@ def _print_stages(report: Report) -> tuple[float, float, float]:
     return total, attribute, rest
 
 
+COST_BAR = 0.2  # issue 38: credit worth >= 1.2x the samples pays for itself at <= 0.2x the rollout's seconds
+
+
+def credit_over_rollout(report: Report) -> dict[str, float]:
+    """Per method, the price of its credit: predicted attribute seconds / predicted sample seconds of the
+    same step's rollouts, t_attribute(method) / t_sample."""
+    rollout = report.stages["sample"].seconds
+    return {name: cost.seconds / rollout for name, cost in report.methods.items()}
+
+
 def _print_methods(report: Report, hw: Hardware, rest: float) -> None:
-    """Every attribution method with the config's attribute knobs."""
+    """Every attribution method with the config's attribute knobs, its credit seconds against the rollout's."""
+    rollout = report.stages["sample"].seconds
+    prices = credit_over_rollout(report)
     print(f"   every method with this file's attribute knobs (predicted; * = the file's method):")
-    print(f"     {'method':<16}{'PFLOP':>9}{'held GB/GPU':>13}  fits  {'predicted':>10}  {'x rest of step':>14}")
+    print(f"   credit / rollout = t_attribute(method) / t_sample, t_sample = {rollout:.1f} s (prefill + decode of the "
+          f"step's responses); each t a sum over kernels of max(FLOPs / peak, HBM bytes / bandwidth) / efficiency")
+    print(f"   '<= {COST_BAR}x': within the cost half of issue 38's bar (the other half, an effective batch >= 1.2x, "
+          f"is the gradient bench's to measure)")
+    print(f"     {'method':<16}{'PFLOP':>9}{'held GB/GPU':>13}  fits  {'credit s':>10}  {'rollout s':>10}  "
+          f"{'credit / rollout':>16}  {'x rest of step':>14}")
     for name, cost in report.methods.items():
         held = cost.held_bytes
         fit = "yes " if held <= hw.memory_gb * GB else "NO  "
         mark = "*" if name == report.setting.config.attribute.method else " "
+        verdict = f"  <= {COST_BAR}x" if 0 < prices[name] <= COST_BAR else ""
         print(f"   {mark} {name:<16}{cost.flops / 1e15:9.1f}{_gb(held) if held else '      -':>13}  {fit if held else '    '}  "
-              f"{_fmt_seconds(cost.seconds):>10}  {cost.seconds / rest:14.3f}")
+              f"{_fmt_seconds(cost.seconds):>10}  {_fmt_seconds(rollout):>10}  {prices[name]:16.3f}  "
+              f"{cost.seconds / rest:14.3f}{verdict}")
 
 
 def _verdicts(report: Report, hw: Hardware, total: float, attribute: float, rest: float) -> list[str]:
