@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import json
+import os
 import re
 from types import SimpleNamespace
 
@@ -143,3 +144,16 @@ def test_compare_prices_credit_against_sampling(cli, tmp_path):
     assert "| method | sample | attribute | reshape | update | step total | credit / sampling |" in stages
     assert "| oar_g | 2.0 | 2.5 | 2.0 | 2.0 | 8.5 | 1.25x |" in stages
     assert "| uniform | 1.0 | — | 1.0 | 1.0 | 3.0 | — |" in stages
+
+
+def test_the_gpu_name_comes_from_nvidia_smi_without_initialising_cuda(tmp_path, monkeypatch):
+    fake = tmp_path / "nvidia-smi"  # what `nvidia-smi --query-gpu=name --format=csv,noheader` prints on 2 GPUs
+    fake.write_text("#!/bin/sh\nprintf 'NVIDIA H100 80GB HBM3\\nNVIDIA H100 80GB HBM3\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert provenance.gpus() == ("NVIDIA H100 80GB HBM3", 2) and not torch.cuda.is_initialized()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert provenance.gpus() == ("NVIDIA H100 80GB HBM3", 1)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert provenance.gpus() == (None, 0)
