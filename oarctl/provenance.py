@@ -53,11 +53,21 @@ def installed_version(names: tuple[str, ...]) -> str | None:
     return None
 
 
-def _git(*arguments: str) -> str | None:
-    if shutil.which("git") is None or not (PACKAGE.parent / ".git").exists():
-        return None  # an installed package, not a checkout
-    done = subprocess.run(["git", "-C", str(PACKAGE.parent), *arguments], capture_output=True, text=True, timeout=30)
+def _output(command: list[str]) -> str | None:
+    """A command's stdout, or None when it is missing, fails or hangs: a record never stops a run."""
+    if shutil.which(command[0]) is None:
+        return None
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
     return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _git(*arguments: str) -> str | None:
+    if not (PACKAGE.parent / ".git").exists():
+        return None  # an installed package, not a checkout
+    return _output(["git", "-C", str(PACKAGE.parent), *arguments])
 
 
 def source_hash() -> str:
@@ -93,11 +103,8 @@ def gpus() -> tuple[str | None, int]:
     if torch is not None and torch.cuda.is_initialized():
         count = torch.cuda.device_count()
         return (torch.cuda.get_device_name(0) if count else None), count
-    if shutil.which("nvidia-smi") is None:
-        return None, 0
-    done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                          text=True, timeout=60)
-    names = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+    listed = _output(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]) or ""
+    names = [line.strip() for line in listed.splitlines() if line.strip()]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:  # indices only; a list of UUIDs counts as given
         names = names[:len([v for v in visible.split(",") if v.strip()])]
