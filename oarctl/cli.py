@@ -13,6 +13,7 @@ from typing import List, Optional
 import typer
 
 from oarctl.errors import OarError
+from oarctl.options import check_options
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="GRPO with outcome-grounded advantage reshaping, as cacheable Parquet stages.")
@@ -30,10 +31,12 @@ PROMPTS_HELP = ("prompts: a Parquet, JSONL or JSON file, a folder saved by datas
 
 
 def user_errors(command):
-    """Turn OarError into `error: ...` on stderr and exit code 2, never a traceback."""
+    """Check the options against their table (oarctl/options.py), then run; OarError becomes
+    `error: ...` on stderr and exit code 2, never a traceback."""
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
+            check_options(command, kwargs)
             return command(*args, **kwargs)
         except OarError as error:
             typer.echo(f"error: {error}", err=True)

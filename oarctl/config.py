@@ -58,6 +58,13 @@ def set_option(config: Config, section: str, key: str, value, where: str) -> Non
     _apply(config, section, key, value, where)
 
 
+def check_override(override: str) -> None:
+    """One `--set` value alone: its form, a known option and a value of that option's type (the CLI
+    checks it before a command runs; `validate` checks the values together when the config loads)."""
+    section, key, value = _parse_override(override)
+    _apply(Config(), section, key, value, f"--set {override}")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file, then `section.key=value` overrides (values parsed as YAML)."""
     config = Config()
