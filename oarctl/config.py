@@ -148,6 +148,11 @@ def validate(config: Config) -> None:
     _check(config.attribute.mc_samples >= 1, "attribute.mc_samples must be >= 1")
     _check(config.attribute.mc_max_new_tokens >= 1, "attribute.mc_max_new_tokens must be >= 1")
     _check(0 < config.reshape.quantile < 1, "reshape.quantile must be in (0, 1)")
+    _check(0 <= config.reshape.top_entropy_quantile <= 1, "reshape.top_entropy_quantile must be in [0, 1]")
+    _check(config.attribute.ktae_alpha >= 0 and config.attribute.ktae_beta >= 0
+           and config.attribute.ktae_alpha + config.attribute.ktae_beta > 0,
+           "attribute.ktae_alpha and attribute.ktae_beta must be >= 0, not both 0")
+    _check(config.attribute.ktae_scale > 0, "attribute.ktae_scale must be > 0")
     _check(0 <= config.reshape.floor <= 1, "reshape.floor must be in [0, 1]")
     _check(config.reshape.beta >= 0, "reshape.beta must be >= 0")
     _check(config.reshape.eps > 0, "reshape.eps must be > 0")

@@ -94,7 +94,7 @@ class AttributeConfig:
     method: str = option("uniform", "token attribution method: uniform (plain GRPO), random, entropy, oar_p, "
                                     "oar_p_span, oar_p_screened, oar_g, oar_flow, oar_flow_span, oar_flow_local (propagated OAR-P), "
                                     "truth (chains labels), truth_shuffled, truth_last (its controls), mc_value "
-                                    "(rollouts)")
+                                    "(rollouts), entropy_mask (TRL's 80/20 rule), ktae (key-token advantages)")
     oar_p_mode: str = option("last", "OAR-P outcome (oar_p, oar_p_span, oar_p_screened, oar_flow, "
                                      "oar_flow_span): last, answer_mean, answer_joint")
     oar_g_mode: str = option("answer_mean", "OAR-G outcome: last, answer_mean, answer_joint")
@@ -127,6 +127,14 @@ class AttributeConfig:
     mc_max_new_tokens: int = option(64, "mc_value: response budget of a continuation, counted from the response's "
                                         "start as sample.max_new_tokens is (set them equal)")
     mc_checker: str = option("math", "mc_value: grader of the continuations (a verify.method name; set it equal)")
+    ktae_alpha: float = option(1.0, "ktae: weight of Fisher's exact test (exp(-2 p)) in a token's association "
+                                    "strength (the released code's alpha)")
+    ktae_beta: float = option(1.0, "ktae: weight of the information gain in the association strength (beta_ig)")
+    ktae_tf: bool = option(True, "ktae: the direction adds the BM25 term-frequency ratio to Cohen's h (gamma_tf)")
+    ktae_unit_p_zero: bool = option(True, "ktae: a token whose Fisher p is 1 (no association) gets strength 0, as "
+                                          "the released code's `p != 1` guard intends (false: exp(-2), as its float32 "
+                                          "sum of 1.0000005 makes it)")
+    ktae_scale: float = option(1.0, "ktae: largest key-token value added to a token's advantage (the released top)")
     skip_uniform_groups: bool = option(False, "score only rows of groups with mixed rewards: a group whose rewards "
                                               "are all equal has advantage 0, so its token weights change nothing "
                                               "(its rows get NaN scores)")
@@ -147,6 +155,9 @@ class ReshapeConfig:
     normalize: str = option("log1p_minmax", "how scores become Bi-Level's values in [0, 1]: log1p_minmax (the "
                                             "paper's), rank (percentile within the response; a deviation from the "
                                             "paper that keeps heavy-tailed scores from flattening the weights)")
+    top_entropy_quantile: float = option(0.2, "entropy_mask: share of the batch's response tokens, highest entropy "
+                                              "first, that keep their advantage (TRL's top_entropy_quantile; the "
+                                              "others get weight 0)")
     quantile_carry: bool = option(False, "reproduces the released code, not the paper's text: each response after "
                                          "the first in a batch uses the previous one's threshold as its quantile level")
 
@@ -268,7 +279,9 @@ def section_dict(config: Config, section: str) -> dict:
 
 # Options added after runs existed: in a stage's cache key only when set to something else than their
 # default, so the runs made before them keep their keys (and resume instead of recomputing).
-KEYED_WHEN_SET = {"attribute": ("flow_rule", "flow_horizon"), "reshape": ("normalize", "quantile_carry")}
+KEYED_WHEN_SET = {"attribute": ("flow_rule", "flow_horizon", "ktae_alpha", "ktae_beta", "ktae_tf", "ktae_scale",
+                                "ktae_unit_p_zero"),
+                  "reshape": ("normalize", "quantile_carry", "top_entropy_quantile")}
 
 
 def attribute_key(section: dict, methods) -> dict:
@@ -307,6 +320,8 @@ DEVIATIONS = {
     "reshape.normalize": "rank is in neither the paper nor the released code (both: log1p + min-max, the default)",
     "attribute.flow_rule": "oar_flow, oar_flow_span and oar_flow_local are in neither the paper nor the released code "
                            "(section 8)",
+    "attribute.ktae_unit_p_zero": "on by default: the released code's float32 Fisher p exceeds 1 where p = 1, so its "
+                                  "guard gives those tokens exp(-2) instead of 0 (section 10)",
     "attribute.flow_horizon": "oar_flow_local is in neither the paper nor the released code (section 8)",
 }
 METHOD_PAGE = "docs/method.md"

@@ -27,7 +27,8 @@ from typing import Callable
 import torch
 
 # methods that pad their calls (the others make none, or calls this module does not count)
-SYNCED_METHODS = ("uniform", "random", "oar_g", "oar_p", "oar_p_span", "oar_p_screened")
+SYNCED_METHODS = ("uniform", "random", "oar_g", "oar_p", "oar_p_span", "oar_p_screened",
+                  "ktae", "entropy_mask")  # these two make no call here (KTAE counts tokens; TRL's loss masks)
 
 
 @dataclass(frozen=True)

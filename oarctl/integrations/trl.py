@@ -10,7 +10,12 @@ completion mask, which TRL's loss accepts as it is. Per completion:
    unwrapped from accelerate / DeepSpeed, in eval mode, without touching parameter gradients;
 3. Bi-Level weights (`reshaping.batch_response_weights`), 1 outside the reasoning; token advantage = TRL's
    sequence advantage x weight.
-With `uniform` every weight is 1 and the loss is stock TRL's. Everything else (loss types, clipping, KL,
+With `uniform` every weight is 1 and the loss is stock TRL's. The rule that turns scores into token advantages
+is the method's (`credit_rules`): `ktae` adds its key-token values to TRL's sequence advantage (A_i + k_it);
+`entropy_mask` (TRL's 80/20 rule) scores nothing here: the trainer sets TRL's `top_entropy_quantile` to
+`reshape.top_entropy_quantile` and TRL's loss masks the tokens with oarctl's `credit_rules.high_entropy_mask`
+(in place of `get_high_entropy_mask`), on the entropies of TRL's own loss forward, per micro-batch, gathered
+over processes, as stock TRL does. Everything else (loss types, clipping, KL,
 num_iterations, gradient accumulation, vLLM) stays TRL's: they consume the (B, T) tensor unchanged.
 
 Where this deviates from `oarctl run`: the sequence advantage is TRL's (`scale_rewards`, eps 1e-4,
@@ -58,7 +63,8 @@ from oarctl.contract import StageContext
 from oarctl.distributed import fsdp_requested, keep_fsdp_on_cpu, rank
 from oarctl.errors import OarError
 from oarctl.integrations.trl_log import StepLog, check_trl_version
-from oarctl.reshaping import batch_response_weights, concentration_metrics
+from oarctl.credit_rules import high_entropy_mask, token_credit
+from oarctl.reshaping import concentration_metrics
 from oarctl.schema import AttributeConfig, Config, ReshapeConfig
 
 check_trl_version()
@@ -71,6 +77,10 @@ TRL_OWNED = {"estimator": "the sequence advantage is TRL's GRPO advantage",
              "scale": "set GRPOConfig.scale_rewards", "eps": "TRL's advantage adds 1e-4 to the std",
              "accelerate_config": "launch the whole trainer with `accelerate launch`",
              "dtype": "attribution runs in the dtype of the model TRL trains"}
+
+
+# Methods whose credit TRL's loss applies itself (no scores, weights 1 in the advantages).
+LOSS_TIME_METHODS = ("entropy_mask",)
 
 
 def oar_config(attribution) -> Config:
@@ -134,6 +144,8 @@ class OARGRPOTrainer(GRPOTrainer):
             raise OarError(f"attribution_params: expected 'sharded' or 'gathered', got {attribution_params!r}")
         self.attribution_params = attribution_params
         super().__init__(*args, **kwargs)
+        if oar.attribute.method in LOSS_TIME_METHODS:
+            self._mask_in_loss(oar)
         oar.run.seed = self.args.seed  # seeds OAR-G's noise, as run.seed does in `oarctl run`
         self.oar = oar
         self._refuse_setup()
@@ -152,6 +164,25 @@ class OARGRPOTrainer(GRPOTrainer):
         if self._call_sync() is not None and method not in SYNCED_METHODS:
             raise OarError(f"attribute.method: {method!r} does not pad its calls on sharded weights; use one of "
                            f"{', '.join(SYNCED_METHODS)}, or attribution_params='gathered'")
+
+    def _mask_in_loss(self, oar: Config) -> None:
+        """entropy_mask: TRL's loss applies the mask (`get_high_entropy_mask` below) at oarctl's quantile."""
+        if self.args.top_entropy_quantile != 1.0:
+            raise OarError("top_entropy_quantile: set the entropy mask's share once, as attribution option "
+                           "'top_entropy_quantile' (GRPOConfig.top_entropy_quantile stays 1.0)")
+        self.top_entropy_quantile = oar.reshape.top_entropy_quantile
+
+    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+        """oarctl's mask (TRL's rule) over every process's valid tokens; TRL calls it in each loss forward."""
+        return high_entropy_mask(entropies, mask, threshold, self._gathered_values)
+
+    def _gathered_values(self, local: torch.Tensor) -> torch.Tensor:
+        """Every process's 1-D values (lengths differ; a negative sentinel pads them, entropies are >= 0)."""
+        if self.accelerator.num_processes == 1:
+            return local
+        padded = self.accelerator.pad_across_processes(local, dim=0, pad_index=-1e9)
+        gathered = self.accelerator.gather(padded)
+        return gathered[gathered != -1e9]
 
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()
@@ -232,14 +263,22 @@ class OARGRPOTrainer(GRPOTrainer):
         return f"step{self.state.global_step:06d}-group{global_row // size:05d}"
 
     def _token_advantages(self, batch: dict, width: int) -> torch.Tensor:
-        """(B, width) advantages: TRL's sequence advantage x Bi-Level weight, aligned with completion_ids."""
+        """(B, width) advantages under the method's credit rule (TRL's sequence advantage x Bi-Level weight by
+        default), aligned with completion_ids."""
         scores = self._scores(batch)
         advantages = batch["advantages"]
         token = advantages.unsqueeze(1).expand(-1, width).clone()  # padding keeps A_i; the mask drops it
         rows = [(row_scores, rollout.segments.reasoning) for rollout, row_scores in zip(batch["rollouts"], scores)]
-        batch["scores"], batch["weights"] = scores, batch_response_weights(rows, self.oar.reshape)
-        for index, weights in enumerate(batch["weights"]):
-            token[index, :len(weights)] = advantages[index] * torch.as_tensor(weights, device=token.device)
+        method = self.oar.attribute.method
+        if method in LOSS_TIME_METHODS:  # weights 1 here; TRL's loss masks (get_high_entropy_mask)
+            method = "uniform"
+        weights, per_token = token_credit(method, rows, advantages.float().cpu().numpy(), self.oar.reshape)
+        batch["scores"], batch["weights"] = scores, weights
+        for index, (row_weights, row_advantages) in enumerate(zip(weights, per_token)):
+            if method == "ktae":  # additive: A_i + k_it
+                token[index, :len(row_advantages)] = torch.as_tensor(row_advantages, device=token.device)
+            else:  # A_i x w in TRL's dtype, as before the rules existed
+                token[index, :len(row_weights)] = advantages[index] * torch.as_tensor(row_weights, device=token.device)
         return token
 
     def _scores(self, batch: dict) -> list[np.ndarray]:
@@ -247,8 +286,8 @@ class OARGRPOTrainer(GRPOTrainer):
         rollouts, scored = batch["rollouts"], batch["scored"]
         scores = [np.full(r.response_length, np.nan, dtype=np.float32) for r in rollouts]
         sync = self._call_sync()
-        if not scored and sync is None:  # on sharded weights a process without rows still pads its calls
-            return scores
+        if (not scored and sync is None) or self.oar.attribute.method in LOSS_TIME_METHODS:
+            return scores  # on sharded weights a process without rows still pads its calls
         method = ATTRIBUTION_METHODS.get(self.oar.attribute.method)
         with contextlib.ExitStack() as stack:
             policy = _LivePolicy(lambda: stack.enter_context(self._attribution_model()), self.processing_class)

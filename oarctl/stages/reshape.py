@@ -1,8 +1,10 @@
 """reshape: attributions -> advantages (sequence advantage, token weights, token advantages).
 
 The sequence advantage comes from the estimator registry (GRPO by default, groups = prompt_id).
-Token weights are Bi-Level weights of the reasoning tokens' raw scores; every other response token
-(conclude, answer, closing brace, eos) keeps weight 1. With mass preservation on, the reasoning
+The method that made the scores picks its token credit rule (`credit_rules`): Bi-Level weights of the
+reasoning tokens' raw scores for every OAR method and control, every other response token (conclude,
+answer, closing brace, eos) keeping weight 1; TRL's entropy mask (`entropy_mask`: weights 0/1 over the
+batch, no rescaling, no mass check); KTAE's additive key-token values (`ktae`: A_i + k_it, no mass check). With mass preservation on (Bi-Level), the reasoning
 weights sum to the reasoning length, so every sequence's token advantages sum to its GRPO total
 (advantage x length), which this stage checks. With `reshape.quantile_carry` the rows are weighted
 in table order (prompt-major, each group's responses consecutive, as sampled) with the released
@@ -14,13 +16,14 @@ from collections import Counter
 
 import numpy as np
 
-from oarctl.advantages import ADVANTAGE_ESTIMATORS, token_advantages
+from oarctl.advantages import ADVANTAGE_ESTIMATORS
 from oarctl.artifacts import extend_table
 from oarctl.contract import StageContext, StageOutput
+from oarctl.credit_rules import rule_of, token_credit
 from oarctl.errors import InputError
-from oarctl.reshaping import batch_response_weights, concentration_metrics
+from oarctl.reshaping import concentration_metrics
 
-VERSION = "3"  # 3: credit-concentration metrics (top10_mass_share, effective_tokens)
+VERSION = "3"  # 3: credit-concentration metrics (top10_mass_share, effective_tokens); the rules of bilevel keep it
 
 
 def group_ids(prompt_ids: list[str]) -> np.ndarray:
@@ -54,9 +57,11 @@ def run(inputs, config, context: StageContext) -> StageOutput:
     weights, per_token, reasoning = [], [], []
     spans = list(zip(table["reasoning_start"].to_pylist(), table["reasoning_end"].to_pylist()))
     rows = list(zip(table["token_scores"].to_pylist(), spans))
-    for row, (w, (start, end)) in enumerate(zip(batch_response_weights(rows, config), spans)):
-        weighted = token_advantages(float(advantages[row]), w)
-        if config.preserve_mass:
+    method = table["attribution_method"][0].as_py() if table.num_rows else "uniform"
+    checks_mass = config.preserve_mass and rule_of(method) == "bilevel"
+    credit = zip(*token_credit(method, rows, advantages, config), spans)
+    for row, (w, weighted, (start, end)) in enumerate(credit):
+        if checks_mass:
             _check_mass(float(advantages[row]), weighted, row)
         weights.append(w.tolist())
         reasoning.append(w[start:end])
