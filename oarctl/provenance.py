@@ -153,13 +153,20 @@ def run_records(run_dir: Path) -> list[dict | None]:
     records = []
     config = run_dir / "config.yaml"
     if config.is_file():
-        records.append((yaml.safe_load(config.read_text()) or {}).get("provenance"))
+        try:
+            records.append(_provenance_of(yaml.safe_load(config.read_text())))
+        except yaml.YAMLError:
+            records.append(None)  # the report that reads the config names the file
     for manifest in sorted(run_dir.glob(MANIFEST_GLOB)):
         try:
-            records.append(json.loads(manifest.read_text()).get("provenance"))
-        except (json.JSONDecodeError, AttributeError):
+            records.append(_provenance_of(json.loads(manifest.read_text())))
+        except json.JSONDecodeError:
             records.append(None)
-    return records
+    return records or [None]  # a folder that recorded nothing is of unknown provenance too
+
+
+def _provenance_of(document) -> dict | None:
+    return document.get("provenance") if isinstance(document, dict) else None
 
 
 def _short(fields: dict) -> str:

@@ -157,3 +157,14 @@ def test_the_gpu_name_comes_from_nvidia_smi_without_initialising_cuda(tmp_path, 
     assert provenance.gpus() == ("NVIDIA H100 80GB HBM3", 1)
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert provenance.gpus() == (None, 0)
+
+
+def test_a_folder_that_recorded_nothing_or_garbage_is_unknown(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "config.yaml").write_text("run: [1,\n")
+    (tmp_path / "torn" / "x.parquet.manifest.json").write_text("[1, 2]")
+    assert provenance.run_records(tmp_path / "empty") == [None]
+    assert provenance.run_records(tmp_path / "torn") == [None, None]
+    with pytest.raises(OarError, match="empty and 1 more run"):
+        provenance.check_runs([tmp_path / "empty", tmp_path / "torn"])
