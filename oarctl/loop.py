@@ -286,26 +286,39 @@ def _step_summary(step: int, steps: int, line: dict) -> str:
             f"entropy {line.get('update/entropy', float('nan')):.3f}")
 
 
+WILL_RERUN = "will rerun (input changes)"
+
+
 def run_status(run_dir: Path, config) -> list[tuple[str, str, str]]:
-    """(where, stage, state) rows, state = 'done' or the reason the stage would run."""
+    """(where, stage, state) rows, state = 'done' or the reason the stage would run. A stage that is done
+    but downstream of one that will run (later in its step, every later step, the evaluations of their
+    policies) is `will rerun (input changes)`: its recorded inputs are about to be rewritten."""
     train, heldout = run_dir / "data" / "train.parquet", run_dir / "data" / "heldout.parquet"
     if config.evaluate.benchmarks:
         heldout = _benchmarks_path(run_dir)
     base = resolve_policy_path(config.policy.path)
     rows = [("eval/base", EVALUATE,
              stage_state(EVALUATE, config, {"prompts": heldout}, run_dir / "eval" / "base.parquet", policy_path=base))]
-    policy = base
+    policy, upstream_runs = base, False
     for step in range(config.run.steps):
         folder, previous = step_dir(run_dir, step), train
         for name in STEP_STAGES:
             output = folder / STAGES[name].output_name
             (input_name,) = STAGES[name].inputs
-            rows.append((folder.name, name, stage_state(name, config, {input_name: previous}, output,
-                                                        step=step, policy_path=policy)))
+            state = stage_state(name, config, {input_name: previous}, output, step=step, policy_path=policy)
+            state, upstream_runs = _downstream(state, upstream_runs)
+            rows.append((folder.name, name, state))
             previous = output
         policy = folder / "policy"
         if _evaluated(step, config):
             output = run_dir / "eval" / f"step_{step:04d}.parquet"
-            rows.append((f"eval/{folder.name}", EVALUATE,
-                         stage_state(EVALUATE, config, {"prompts": heldout}, output, policy_path=policy)))
+            state = stage_state(EVALUATE, config, {"prompts": heldout}, output, policy_path=policy)
+            rows.append((f"eval/{folder.name}", EVALUATE, _downstream(state, upstream_runs)[0]))
     return rows
+
+
+def _downstream(state: str, upstream_runs: bool) -> tuple[str, bool]:
+    """(the state shown, whether what follows depends on a stage that will run)."""
+    if upstream_runs and state == "done":
+        return WILL_RERUN, True
+    return state, upstream_runs or not (state == "done" or state.startswith("waiting for"))

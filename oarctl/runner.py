@@ -93,18 +93,34 @@ def read_manifest(output: Path) -> dict | None:
         return None  # a torn manifest cannot happen with atomic writes, but treat it as absent
 
 
+NO_OUTPUT = "no output yet"
+
+
+def _config_changes(stage: str, recorded: dict, current: dict) -> str:
+    """The options of the stage's section whose value differs, as `section.key`."""
+    names = sorted(k for k in set(recorded) | set(current) if recorded.get(k) != current.get(k))
+    # prompt_template joins a generating stage's key from the data section (pipeline.key_section)
+    return ", ".join(f"data.{name}" if name == "prompt_template" else f"{stage}.{name}" for name in names)
+
+
 def why_stale(output: Path, parts: dict) -> str | None:
-    """None when the finished output matches `parts`; else a short reason it must (re)run."""
+    """None when the finished output matches `parts`; else a short reason it must (re)run:
+    `no output yet`, `incomplete (no manifest)`, or what changed, e.g. `config changed (sample.top_p)`."""
     manifest = read_manifest(output)
     if manifest is None:
-        return "not run" if not output.exists() else "incomplete (no manifest)"
+        return NO_OUTPUT if not output.exists() else "incomplete (no manifest)"
     if manifest["key"] == _canonical_hash(parts):
         return None
     recorded = manifest["key_parts"]
-    changed = [name for name in ("version", "config", "seed", "step") if recorded.get(name) != parts[name]]
-    changed += [f"input {n}" for n in sorted(set(recorded["inputs"]) | set(parts["inputs"]))
-                if recorded["inputs"].get(n) != parts["inputs"].get(n)]
-    return "changed: " + ", ".join(changed or ["key"])
+    changed = [f"{name} changed" for name in ("version", "seed", "step") if recorded.get(name) != parts[name]]
+    if recorded.get("config") != parts["config"]:
+        options = _config_changes(parts["stage"], recorded.get("config") or {}, parts["config"])
+        changed.insert(0, f"config changed ({options})")
+    inputs = [n for n in sorted(set(recorded["inputs"]) | set(parts["inputs"]))
+              if recorded["inputs"].get(n) != parts["inputs"].get(n)]
+    if inputs:
+        changed.append(f"input changed ({', '.join(inputs)})")
+    return ", ".join(changed or ["key changed"])
 
 
 def write_manifest(output: Path, parts: dict, metrics: dict, seconds: float, output_hash: str | None) -> dict:
@@ -143,11 +159,12 @@ def run_cached(stage, section: dict, section_config, input_paths: dict[str, Path
                context: StageContext, force: bool = False, log=print) -> tuple[dict, bool]:
     """Run `stage` unless its output is already complete for the same key. Returns (manifest, ran)."""
     parts = key_parts(stage, section, input_paths, context)
-    reason = "forced" if force else why_stale(output, parts)
+    reason = "forced (--force)" if force else why_stale(output, parts)
     if reason is None:
+        log(f"[{stage.name}] {output}: done (cached)")
         return read_manifest(output), False
     inputs = {name: read_artifact(path, stage.inputs[name]) for name, path in input_paths.items()}
-    log(f"[{stage.name}] {output} ({reason})")
+    log(f"[{stage.name}] {output}: running: {reason}")
     if rank() == 0:
         manifest_path(output).unlink(missing_ok=True)  # the old output is no longer vouched for
         remove_dead_temporaries(output)

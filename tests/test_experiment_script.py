@@ -32,8 +32,8 @@ def test_tiny_experiment_pairs_seeds_on_one_heldout_set(tmp_path):
     assert base_eval("uniform-s0")["eval/greedy_accuracy"] == base_eval("uniform-s1")["eval/greedy_accuracy"]
     for seed in (0, 1):  # truth's base evaluation is uniform's, taken from the cache, not recomputed
         assert base_eval(f"truth-s{seed}") == base_eval(f"uniform-s{seed}")
-        assert "base.parquet (not run)" not in (out / f"truth-s{seed}.log").read_text()
-        assert "base.parquet (not run)" in (out / f"uniform-s{seed}.log").read_text()
+        assert "base.parquet: done (cached)" in (out / f"truth-s{seed}.log").read_text()
+        assert "base.parquet: running: no output yet" in (out / f"uniform-s{seed}.log").read_text()
     table = (out / "compare.md").read_text()
     assert "Paired difference to uniform" in table
     assert "| truth | 2 |" in table

@@ -95,7 +95,8 @@ def test_run_end_to_end_then_everything_is_cached(cli, tiny_config, tmp_path):
               and p.name != "config.yaml"}
     again = cli("run", "-c", config, "--run-dir", run_dir)
     assert again.exit_code == 0, again.output
-    assert "(not run)" not in again.stderr and not re.search(r"^\[", again.stderr, re.M), again.stderr
+    stage_lines = re.findall(r"^\[.*$", again.stderr, re.M)  # every stage says it was a cache hit
+    assert stage_lines and all(line.endswith(": done (cached)") for line in stage_lines), again.stderr
     assert ACCURACY.search(again.stdout).groups() == match.groups()
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
@@ -186,7 +187,7 @@ def test_stage_by_stage_commands_equal_the_loop(cli, tiny_config, tmp_path):
         assert sha256(manual / "eval" / output) == sha256(run_dir / "eval" / output)
     # and the loop, rerun, accepts all of it as up to date
     rerun = run_oarctl("run", "-c", config, "--run-dir", run_dir, "--steps", "2")
-    assert rerun.returncode == 0 and "(not run)" not in rerun.stderr
+    assert rerun.returncode == 0 and "running:" not in rerun.stderr
 
 
 # ---- 7. status ----------------------------------------------------------------------------------
@@ -207,24 +208,28 @@ def test_status_after_a_partial_run_and_after_a_config_change(cli, tiny_config, 
     assert rows[-1] == ("eval/step_0001", "evaluate", f"waiting for {run_dir / 'step_0001' / 'policy'}")
     assert all(state == "done" for where, _, state in rows if where in ("eval/base", "step_0000"))
     pending = {stage: state for where, stage, state in rows if where == "step_0001"}
-    assert pending["sample"] == "not run"
+    assert pending["sample"] == "no output yet"
     assert pending["verify"] == f"waiting for {run_dir / 'step_0001' / 'rollouts.parquet'}"
     assert pending["update"] == f"waiting for {run_dir / 'step_0001' / 'advantages.parquet'}"
 
     changed = status_rows(cli("status", run_dir, "--set", "sample.temperature=0.5").stdout)
-    assert ("step_0000", "sample", "changed: config") in changed
-    assert [r for r in changed if r[2] != "done"] == [("step_0000", "sample", "changed: config")]
+    assert [r for r in changed if r[2] != "done"] == [
+        ("step_0000", "sample", "config changed (sample.temperature)"),
+        *[("step_0000", name, "will rerun (input changes)") for name in STEP_STAGES[1:]],
+        ("eval/step_0000", "evaluate", "will rerun (input changes)")]
     changed = status_rows(cli("status", run_dir, "--set", "update.learning_rate=0.001").stdout)
-    assert [r for r in changed if r[2] != "done"] == [("step_0000", "update", "changed: config")]
+    assert [r for r in changed if r[2] != "done"] == [
+        ("step_0000", "update", "config changed (update.learning_rate)"),
+        ("eval/step_0000", "evaluate", "will rerun (input changes)")]
     changed = status_rows(cli("status", run_dir, "--set", "run.seed=3").stdout)
-    assert {r[1] for r in changed if r[2] == "changed: seed"} == {"evaluate", *STEP_STAGES}
+    assert {r[1] for r in changed if r[2] == "seed changed"} == {"evaluate", *STEP_STAGES}
 
     manifest_of(run_dir / "step_0000" / "verified.parquet").unlink()
     torn = status_rows(cli("status", run_dir).stdout)
     assert ("step_0000", "verify", "incomplete (no manifest)") in torn
     (run_dir / "step_0000" / "advantages.parquet").write_bytes(b"edited by hand")
     torn = status_rows(cli("status", run_dir).stdout)
-    assert ("step_0000", "update", "changed: input advantages") in torn
+    assert ("step_0000", "update", "input changed (advantages)") in torn
 
 
 # ---- 6. resume after SIGKILL --------------------------------------------------------------------

@@ -97,12 +97,14 @@ def test_own_config_section_change_reruns_and_says_why(settings, rollouts, tmp_p
     run_stage("reshape", config, {"attributions": attributions}, advantages, log=quiet)
     assert spy["reshape"] == 1
     changed = settings("reshape.scale=none")
-    assert stage_state("reshape", changed, {"attributions": attributions}, advantages) == "changed: config"
+    assert stage_state("reshape", changed, {"attributions": attributions}, advantages) \
+        == "config changed (reshape.scale)"
     assert stage_state("verify", changed, {"rollouts": rollouts}, verified) == "done"
     _, ran = run_stage("reshape", changed, {"attributions": attributions}, advantages, log=quiet)
     assert ran and spy["reshape"] == 2
     assert stage_state("reshape", changed, {"attributions": attributions}, advantages) == "done"
-    assert stage_state("reshape", config, {"attributions": attributions}, advantages) == "changed: config"
+    assert stage_state("reshape", config, {"attributions": attributions}, advantages) \
+        == "config changed (reshape.scale)"
 
 
 def config_policy(config):
@@ -128,7 +130,7 @@ def test_input_content_change_reruns_but_a_rewrite_does_not(settings, rollouts, 
     text, ids, finish = TOY_RESPONSES[0]  # every response is the correct one
     write_rollouts(rollouts, rows=4, response_text=[text] * 4, response_token_ids=[ids] * 4,
                    response_logprobs=[[-0.5] * len(ids)] * 4, finish_reason=[finish] * 4)
-    assert stage_state("verify", config, {"rollouts": rollouts}, output) == "changed: input rollouts"
+    assert stage_state("verify", config, {"rollouts": rollouts}, output) == "input changed (rollouts)"
     manifest, ran = verify(config, rollouts, output)
     assert ran and spy["verify"] == 2 and manifest["metrics"]["reward_mean"] == 1.0
 
@@ -137,12 +139,12 @@ def test_step_seed_and_version_are_part_of_the_key(settings, rollouts, tmp_path,
     config, output = settings(), tmp_path / "verified.parquet"
     verify(config, rollouts, output)
     inputs = {"rollouts": rollouts}
-    assert stage_state("verify", config, inputs, output, step=3) == "changed: step"
-    assert stage_state("verify", settings("run.seed=7"), inputs, output) == "changed: seed"
+    assert stage_state("verify", config, inputs, output, step=3) == "step changed"
+    assert stage_state("verify", settings("run.seed=7"), inputs, output) == "seed changed"
     assert stage_state("verify", settings("run.seed=7", "verify.method=math"), inputs, output, step=1) \
-        == "changed: seed, step"
+        == "seed changed, step changed"
     monkeypatch.setitem(pipeline.STAGES, "verify", dataclasses.replace(pipeline.STAGES["verify"], version="next"))
-    assert stage_state("verify", config, inputs, output) == "changed: version"
+    assert stage_state("verify", config, inputs, output) == "version changed"
 
 
 def test_policy_identity_is_an_input(settings, rollouts, tmp_path, random_policy, spy):
@@ -153,7 +155,7 @@ def test_policy_identity_is_an_input(settings, rollouts, tmp_path, random_policy
     run_stage("attribute", config, inputs, attributions, policy_path=config_policy(config), log=quiet)
     assert stage_state("attribute", config, inputs, attributions, policy_path=config_policy(config)) == "done"
     assert stage_state("attribute", config, inputs, attributions, policy_path=random_policy) \
-        == "changed: input policy"
+        == "input changed (policy)"
     assert stage_state("attribute", config, inputs, attributions, policy_path=tmp_path / "nope") \
         == f"waiting for {tmp_path / 'nope'}"
 
@@ -163,14 +165,14 @@ def test_force_reruns(cli, settings, rollouts, tmp_path, spy):
     first = cli("verify", rollouts, "-o", output)
     assert first.exit_code == 0, first.output
     assert first.stdout.startswith(f"verify: wrote {output}") and "reward_mean=0.5" in first.stdout
-    assert "(not run)" in first.stderr
+    assert first.stderr == f"[verify] {output}: running: no output yet\n"
     again = cli("verify", rollouts, "-o", output)
     assert again.exit_code == 0 and again.stdout.startswith(f"verify: up to date {output}")
-    assert again.stderr == ""
+    assert again.stderr == f"[verify] {output}: done (cached)\n"
     before = json.loads(manifest_path(output).read_text())
     forced = cli("verify", rollouts, "-o", output, "--force")
     assert forced.exit_code == 0 and forced.stdout.startswith(f"verify: wrote {output}")
-    assert "(forced)" in forced.stderr
+    assert f"{output}: running: forced (--force)" in forced.stderr
     after = json.loads(manifest_path(output).read_text())
     assert after["key"] == before["key"] and after["finished_at"] >= before["finished_at"]
     assert spy["verify"] == 2
@@ -179,7 +181,7 @@ def test_force_reruns(cli, settings, rollouts, tmp_path, spy):
 @pytest.mark.parametrize("damage, reason", [
     ("delete-manifest", "incomplete (no manifest)"),
     ("corrupt-manifest", "incomplete (no manifest)"),  # unreadable JSON is treated as absent
-    ("delete-output", "not run"),
+    ("delete-output", "no output yet"),
 ])
 def test_torn_states_are_recomputed(settings, rollouts, tmp_path, spy, damage, reason):
     config, output = settings(), tmp_path / "verified.parquet"
@@ -219,7 +221,7 @@ def test_a_refused_input_leaves_an_old_output_unvouched(settings, rollouts, tmp_
     rollouts.write_text("garbage")
     with pytest.raises(OarError, match="not a readable Parquet"):
         verify(config, rollouts, output)
-    assert stage_state("verify", config, {"rollouts": rollouts}, output) == "changed: input rollouts"
+    assert stage_state("verify", config, {"rollouts": rollouts}, output) == "input changed (rollouts)"
 
 
 def run_chain(config, rollouts, folder, policy):
@@ -270,7 +272,7 @@ def test_kl_reference_is_part_of_the_update_key(settings, rollouts, tmp_path, ti
     assert ran and manifest["key_parts"]["inputs"]["reference"] == pipeline.Policy(tiny_policy).identity
     assert manifest["metrics"]["kl"] == pytest.approx(0.0, abs=1e-6)  # the first step starts at the reference
     assert stage_state("update", settings(), {"advantages": advantages}, tmp_path / "policy",
-                       policy_path=tiny_policy) == "changed: config, input reference"
+                       policy_path=tiny_policy) == "config changed (update.kl_coef), input changed (reference)"
 
 
 def test_tampered_checkpoint_is_refused(settings, rollouts, tmp_path, tiny_policy):
