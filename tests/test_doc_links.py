@@ -2,8 +2,8 @@
 
 Every repository-relative path named in a source file or page (`docs/method.md`, `oarctl/reshaping.py`,
 `configs/qwen2.5-*/*.yaml`) must exist in the checkout, and every relative markdown link must resolve
-from its page's folder; a markdown page outside the repository (`../x/y.md`) is refused, since a
-user's clone does not have it. Names in capitals and format fields are placeholders
+from its page's folder; a markdown page outside the repository (`../x/y.md` from a source file, or from a
+page when it leaves the repository) is refused, since a user's clone does not have it. Names in capitals and format fields are placeholders
 (`configs/CONFIG.yaml`, `configs/{name}.yaml`); `{a,b}` lists alternatives, each of which must exist.
 Reads only the repository, never ../shared.
 """
@@ -46,6 +46,12 @@ def _exists(root: Path, reference: str) -> bool:
     return all(glob.glob(str(root / pattern)) for pattern in _expand_braces(reference))
 
 
+def _inside(root: Path, page: Path, reference: str) -> bool:
+    """A page's `../x.md` that stays inside the repository (docs/reference/cli.md -> docs/x.md); a source
+    file's is refused, since it is read from wherever the program runs."""
+    return page.suffix == ".md" and (page.parent / reference).resolve().is_relative_to(root.resolve())
+
+
 def broken_references(root: Path) -> list[str]:
     """'file: reference' for each path a file names that the repository at `root` does not hold."""
     broken = []
@@ -56,7 +62,8 @@ def broken_references(root: Path) -> list[str]:
         where = path.relative_to(root)
         named = [r for r in REPOSITORY_PATH.findall(text) if not PLACEHOLDER.search(r) and not _exists(root, r)]
         broken += [f"{where}: {r}" for r in named]
-        broken += [f"{where}: {r} (a page outside the repository)" for r in OUTSIDE_PAGE.findall(text)]
+        broken += [f"{where}: {r} (a page outside the repository)" for r in OUTSIDE_PAGE.findall(text)
+                   if not _inside(root, path, r)]
         if path.suffix == ".md":
             links = [t for t in MARKDOWN_LINK.findall(text) if "://" not in t and not t.startswith("mailto:")]
             broken += [f"{where}: link {t}" for t in links if not (path.parent / t).exists()]
@@ -70,6 +77,8 @@ def test_every_referenced_path_is_in_the_repository():
 def test_a_missing_page_an_outside_page_and_a_dead_link_are_each_found(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "here.md").write_text("see [there](there.md) and [here](here.md#top)\n")
+    (tmp_path / "docs" / "sub").mkdir()
+    (tmp_path / "docs" / "sub" / "page.md").write_text("up: [here](../here.md); out: ../../../away.md\n")
     (tmp_path / "oarctl").mkdir()
     (tmp_path / "oarctl" / "module.py").write_text(
         '"""Section 2 of docs/here.md and docs/gone.md; configs/{a,b}.yaml; -c configs/CONFIG.yaml."""\n'
@@ -79,6 +88,7 @@ def test_a_missing_page_an_outside_page_and_a_dead_link_are_each_found(tmp_path)
     (tmp_path / "configs" / "a.yaml").write_text("run: {}\n")
     assert sorted(broken_references(tmp_path)) == [
         "docs/here.md: link there.md",
+        "docs/sub/page.md: ../../../away.md (a page outside the repository)",
         "oarctl/module.py: ../shared/docs/method.md (a page outside the repository)",
         "oarctl/module.py: configs/{a,b}.yaml",
         "oarctl/module.py: docs/gone.md",

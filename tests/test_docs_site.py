@@ -82,3 +82,7 @@ def test_a_dead_link_or_a_page_missing_from_the_nav_fails_the_build(tmp_path, mo
         _build(config, tmp_path / "site", monkeypatch)
     config.write_text("site_name: t\nstrict: true\nnav:\n  - Home: index.md\n  - Guide: guide.md\n")
     _build(config, tmp_path / "site", monkeypatch)
+
+
+def test_every_module_says_what_it_is_for():
+    assert docs_reference.undocumented_modules() == []

@@ -1,5 +1,5 @@
-"""The README's Python API example, run as a user would: saved as a plain script without a main
-guard, fed through `python -`, and given to `python -c`. Each printed line must equal the comment on its line.
+"""The grading page's Python API example (docs/grading.md), run as a user would: saved as a plain script
+without a main guard, fed through `python -`, and given to `python -c`. Each printed line must equal the comment on its line.
 
 Before the pool's workers were fresh interpreters, both failed with "verify worker failed to start"
 as soon as a pair needed the engine (`2\\sqrt{2}` vs `\\sqrt{8}`): spawned workers re-imported the
@@ -20,8 +20,8 @@ EXAMPLE = re.compile(r"```python\n(from oarctl\.verify import .*?)```", re.DOTAL
 
 
 def readme_example() -> str:
-    found = EXAMPLE.search((ROOT / "README.md").read_text())
-    assert found, "README.md has no `from oarctl.verify import` Python block"
+    found = EXAMPLE.search((ROOT / "docs" / "grading.md").read_text())
+    assert found, "docs/grading.md has no `from oarctl.verify import` Python block"
     return found.group(1)
 
 
