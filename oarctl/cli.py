@@ -26,6 +26,12 @@ OutputOption = typer.Option(..., "-o", "--output", help="output path")
 PolicyOption = typer.Option(None, "--policy", help="policy folder (default: policy.path of the config)")
 StepOption = typer.Option(0, "--step", help="RL step index (seeds sampling and the prompt draw)")
 ForceOption = typer.Option(False, "--force", help="recompute even if the output is up to date")
+# A stage's input file, named by the stage that writes it
+RolloutsArgument = typer.Argument(..., help="rollouts file (written by sample)")
+VerifiedArgument = typer.Argument(..., help="verified file (written by verify)")
+AttributionsArgument = typer.Argument(..., help="attributions file (written by attribute)")
+AdvantagesArgument = typer.Argument(..., help="advantages file (written by reshape)")
+RunDirArgument = typer.Argument(..., help="run folder (written by oarctl run)")
 PROMPTS_HELP = ("prompts: a Parquet, JSONL or JSON file, a folder saved by datasets, or a hub dataset "
                 "name[:config]:split (columns: data.problem_column / data.answer_column)")
 
@@ -103,7 +109,7 @@ def sample(prompts: Path = typer.Argument(..., help=PROMPTS_HELP), output: Path 
 
 @app.command()
 @user_errors
-def verify(rollouts: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
+def verify(rollouts: Path = RolloutsArgument, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
            config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption, force: bool = ForceOption):
     """Grade every response -> verified (extracted answer, its character and token spans, reward).
     The policy that sampled the rollouts gives the tokenizer for the token span."""
@@ -112,7 +118,7 @@ def verify(rollouts: Path, output: Path = OutputOption, policy: Optional[Path] =
 
 @app.command()
 @user_errors
-def attribute(verified: Path, output: Path = OutputOption, method: Optional[str] = typer.Option(
+def attribute(verified: Path = VerifiedArgument, output: Path = OutputOption, method: Optional[str] = typer.Option(
         None, "--method", help="attribution method (overrides attribute.method)"),
         policy: Optional[Path] = PolicyOption, step: int = StepOption, config: Optional[Path] = ConfigOption,
         set: Optional[List[str]] = SetOption, force: bool = ForceOption):
@@ -123,7 +129,8 @@ def attribute(verified: Path, output: Path = OutputOption, method: Optional[str]
 
 @app.command()
 @user_errors
-def reshape(attributions: Path, output: Path = OutputOption, config: Optional[Path] = ConfigOption,
+def reshape(attributions: Path = AttributionsArgument, output: Path = OutputOption,
+            config: Optional[Path] = ConfigOption,
             set: Optional[List[str]] = SetOption, force: bool = ForceOption):
     """Turn rewards and token scores into token advantages -> advantages."""
     _stage_command("reshape", attributions, output, config, set, force=force)
@@ -131,7 +138,7 @@ def reshape(attributions: Path, output: Path = OutputOption, config: Optional[Pa
 
 @app.command()
 @user_errors
-def update(advantages: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
+def update(advantages: Path = AdvantagesArgument, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
            step: int = StepOption, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption,
            force: bool = ForceOption):
     """One policy-gradient step on the token advantages -> a policy folder (with update.parquet)."""
@@ -140,7 +147,8 @@ def update(advantages: Path, output: Path = OutputOption, policy: Optional[Path]
 
 @app.command("update-worker", hidden=True)
 @user_errors
-def update_worker(folder: Path, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
+def update_worker(folder: Path = typer.Argument(..., help="the folder of its requests"),
+                  config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
     """The ranks of a persistent update worker (update.persistent): launched once by `oarctl run`,
     they answer one update request per step from FOLDER (oarctl/processes/update_worker.py)."""
     from oarctl.pipeline import run_stage
@@ -203,7 +211,8 @@ def run(config: Optional[Path] = ConfigOption, run_dir: Optional[Path] = typer.O
 
 @app.command()
 @user_errors
-def show(path: Path, rows: int = typer.Option(5, "--rows", "-n", help="rows to print"),
+def show(path: Path = typer.Argument(..., help="a .parquet artifact, a .manifest.json or a metrics.jsonl"),
+         rows: int = typer.Option(5, "--rows", "-n", help="rows to print"),
          row: Optional[int] = typer.Option(None, "--row", help="one row as a per-token heatmap"),
          by: Optional[str] = typer.Option(None, "--by", help="heatmap values: weight, score or advantage "
                                           "(default: weight for advantages files, score for attributions)"),
@@ -223,7 +232,7 @@ def show(path: Path, rows: int = typer.Option(5, "--rows", "-n", help="rows to p
 
 @app.command()
 @user_errors
-def report(run_dir: Path, output: Optional[Path] = typer.Option(
+def report(run_dir: Path = RunDirArgument, output: Optional[Path] = typer.Option(
         None, "-o", "--output", help="HTML page (default: RUN_DIR/report.html; PNGs go to RUN_DIR/report/)")):
     """One self-contained HTML page of a run: training curves and token-credit heatmaps."""
     from oarctl.report.run_report import write_report
@@ -233,7 +242,8 @@ def report(run_dir: Path, output: Optional[Path] = typer.Option(
 
 @app.command()
 @user_errors
-def compare(run_dirs: List[Path], output: Path = typer.Option(
+def compare(run_dirs: List[Path] = typer.Argument(..., help="run folders (one per method and seed)"),
+            output: Path = typer.Option(
         Path("compare.html"), "-o", "--output", help="HTML page; the table also goes to OUTPUT with .md"),
         target: Optional[float] = typer.Option(None, "--target", help="held-out greedy accuracy for "
                                                "'steps to target' (default 0.45)"),
@@ -247,7 +257,7 @@ def compare(run_dirs: List[Path], output: Path = typer.Option(
 
 @app.command()
 @user_errors
-def status(run_dir: Path, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
+def status(run_dir: Path = RunDirArgument, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
     """Which stages of which steps are done, and why the others would run."""
     from oarctl.loop import run_status
 
@@ -261,7 +271,7 @@ def status(run_dir: Path, config: Optional[Path] = ConfigOption, set: Optional[L
 
 @app.command()
 @user_errors
-def fidelity(verified: Path, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
+def fidelity(verified: Path = VerifiedArgument, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
              sample_size: Optional[int] = typer.Option(None, "--sample", help="rollouts drawn (fidelity.sample)"),
              methods: Optional[str] = typer.Option(None, "--methods", help="comma-separated (fidelity.methods)"),
              config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption, force: bool = ForceOption):
