@@ -66,16 +66,16 @@ ADVANTAGES = pa.schema(list(ATTRIBUTIONS) + [
     ("token_advantages", FLOATS),          # advantage * weight, what the update stage optimises
 ])
 UPDATE_LOG = pa.schema([
-    ("optimizer_step", pa.int32()),
-    ("epoch", pa.int32()),
-    ("loss", pa.float32()),
-    ("pg_loss", pa.float32()),
-    ("clip_fraction", pa.float32()),
-    ("kl", pa.float32()),
-    ("entropy", pa.float32()),
-    ("grad_norm", pa.float32()),
-    ("ratio_mean", pa.float32()),
-    ("tokens", pa.int32()),
+    ("optimizer_step", pa.int32()),        # index of the optimizer step within this update
+    ("epoch", pa.int32()),                 # pass over the batch (update.epochs)
+    ("loss", pa.float32()),                # what is minimised: pg_loss plus update.kl_coef x kl
+    ("pg_loss", pa.float32()),             # the clipped surrogate, aggregated by update.loss_aggregation
+    ("clip_fraction", pa.float32()),       # share of response tokens whose probability ratio was clipped
+    ("kl", pa.float32()),                  # k3 KL to the initial policy (0 when update.kl_coef is 0)
+    ("entropy", pa.float32()),             # mean entropy of the sampling distribution at the response tokens
+    ("grad_norm", pa.float32()),           # gradient norm before clipping at update.max_grad_norm
+    ("ratio_mean", pa.float32()),          # mean probability ratio, new policy / sampling policy
+    ("tokens", pa.int32()),                # response tokens in the optimizer step
 ])
 EVAL_RESULTS = pa.schema(list(PROMPTS) + [
     ("benchmark", pa.string()),            # evaluate.benchmarks name, or "heldout"
@@ -100,7 +100,7 @@ FIDELITY = pa.schema([                     # `oarctl fidelity`: one row per roll
     ("method", pa.string()),               # attribution method (registry name)
     ("k_fraction", pa.float32()),          # K: share of the reasoning tokens selected
     ("top_k", pa.int32()),                 # tokens selected: ceil(K x reasoning_tokens), at least 1
-    ("reasoning_tokens", pa.int32()),
+    ("reasoning_tokens", pa.int32()),      # reasoning tokens of the rollout
     ("causal_tokens", pa.int32()),         # reasoning tokens whose replacement flips the verdict
     ("causal_positions", TOKENS),          # their response positions
     ("hits", pa.int32()),                  # causal tokens among the selected ones
@@ -131,8 +131,8 @@ OPTIONAL["fidelity"] = [              # with token_truth in the input: each meth
     ("truth_auc_query", pa.float32()),    # AUC of the query step's tokens against the free ones
     ("truth_auc_earlier", pa.float32()),  # AUC of the earlier chain's tokens against the free ones
     ("weight_query", pa.float32()),   # mean Bi-Level weight (configured reshape) of each class; NaN: none
-    ("weight_earlier", pa.float32()),
-    ("weight_free", pa.float32()),
+    ("weight_earlier", pa.float32()),  # mean Bi-Level weight of the earlier chain's tokens; NaN: none
+    ("weight_free", pa.float32()),     # mean Bi-Level weight of the free tokens; NaN: none
 ]
 # Columns that must hold one value per response token.
 ALIGNED_WITH_RESPONSE = ["response_logprobs", "token_scores", "token_weights", "token_advantages", "token_truth"]
