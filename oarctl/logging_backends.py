@@ -75,16 +75,19 @@ class WandbSink:
 
 @BACKENDS.register("jsonl")
 def _jsonl(config, run_dir: Path):
+    """RUN_DIR/metrics.jsonl, one line per step and evaluation (always written)."""
     return None  # pipeline.run_loop writes metrics.jsonl itself
 
 
 @BACKENDS.register("tensorboard")
 def _tensorboard(config, run_dir: Path):
+    """TensorBoard event files in logging.tensorboard_dir (default RUN_DIR/tensorboard)."""
     return TensorBoardSink(Path(config.tensorboard_dir) if config.tensorboard_dir else run_dir / "tensorboard")
 
 
 @BACKENDS.register("wandb")
 def _wandb(config, run_dir: Path):
+    """A Weights & Biases run in logging.wandb_project."""
     return WandbSink(config.wandb_project, run_dir)
 
 

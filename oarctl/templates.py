@@ -39,17 +39,20 @@ def _chat(tokenizer, messages: list[dict]) -> str:
 
 @TEMPLATES.register("chat")
 def chat(tokenizer, problem: str) -> str:
+    """The model's chat template, the problem as the user turn."""
     return _chat(tokenizer, [{"role": "user", "content": problem}])
 
 
 @TEMPLATES.register("qwen25-math-cot")
 def qwen25_math_cot(tokenizer, problem: str) -> str:
+    """The chat template with Qwen2.5-Math's step-by-step, \\boxed{} system turn."""
     return _chat(tokenizer, [{"role": "system", "content": QWEN25_MATH_COT_SYSTEM},
                              {"role": "user", "content": problem}])
 
 
 @TEMPLATES.register("base")
 def base(tokenizer, problem: str) -> str:
+    """Plain text for base models: `Question: ...` then `Answer: Let's think step by step.`"""
     return substitute(BASE_TEXT, problem)
 
 

@@ -26,6 +26,7 @@ CHOICES = ("transformers", "vllm", "auto")
 
 @BACKENDS.register("transformers")
 def _transformers(policy, prompt_token_ids, *, temperature, top_p, max_new_tokens, seed, batch_size, progress):
+    """Batched sampling with transformers in this process (transformers_backend)."""
     from oarctl.policy import transformers_backend
 
     model, tokenizer = policy.load()
