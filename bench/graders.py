@@ -9,7 +9,7 @@ Three labelled tables of (response or bare answer, gold, equal) cases with a `ki
 - bench/data/graders_heldout.jsonl: held out. Cases transcribed from other graders' public test suites
   (math-verify, lighteval, NeMo-Skills; each row names its `source`), committed before the rules of
   issue 31 were written; its misses were not tuned on, though two guards answer false positives seen
-  on it (the README's grading section names them). Left out when transcribing: responses of more
+  on it (docs/grading.md names them). Left out when transcribing: responses of more
   than ~1,500 characters, and cases whose label depends on a non-default option of the suite
   (a float precision, `allow_set_relation_comp=True`, a LaTeX-only extraction that refuses a
   multi-line `$...$`).

@@ -256,7 +256,7 @@ def test_checkpoint_io_counts_every_loading_process():
     assert not any("attribute" in name for name, _, _ in checkpoint_io(uniform, HW, 3.0, 1.0, idle))
 
 def test_trl_attribution_memory_per_mode_follows_the_parameter_count():
-    """OARGRPOTrainer's modes (README's TRL section): on the shards a 7B fits 80 GB where DDP does not; the
+    """OARGRPOTrainer's modes (docs/trl.md): on the shards a 7B fits 80 GB where DDP does not; the
     gathered modes add a full copy of the weights (fp32 under FSDP1's summon_full_params, bf16 under ZeRO-3)."""
     shape = SHAPES["7b"]
     params = parameters(shape)

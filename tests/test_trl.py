@@ -250,7 +250,7 @@ def test_wandb_offline_gets_trl_and_oar_metrics(tiny_policy, signal_data, tmp_pa
 
 
 def test_the_example_trains_and_its_artifacts_open(cli, tmp_path):
-    """examples/trl_oar.py, shrunk to 2 steps of 2 prompts (the README measures the full 20 steps)."""
+    """examples/trl_oar.py, shrunk to 2 steps of 2 prompts (docs/trl.md measures the full 20 steps)."""
     out = tmp_path / "trl-oar"
     finished = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_oar.py"), "--steps", "2",
                                "--prompts-per-step", "2", "--out", str(out)], capture_output=True, text=True,
