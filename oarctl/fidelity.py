@@ -251,13 +251,45 @@ def checker(tokenizer, verify_config) -> IsCorrect:
     return is_correct
 
 
-def method_scores(methods: Sequence[str], rollouts, table, config, context) -> dict[str, list[np.ndarray]]:
-    """Reasoning-token scores of each registry method, exactly as the attribute stage computes them."""
+GROUP_METHODS = ("ktae",)  # scored from statistics of whole groups: the sampled rows' groups are scored whole
+
+
+def _group_scores(name: str, verified, source_rows: Sequence[int], config, context) -> list[np.ndarray]:
+    """A GROUP_METHODS method's scores of the sampled rows, computed on every row of their groups."""
+    from oarctl.attribution import ATTRIBUTION_METHODS
+    from oarctl.attribution.base import segment_rows
+
+    prompt_ids = verified["prompt_id"].to_pylist()
+    wanted = {prompt_ids[i] for i in source_rows}
+    rows = [i for i, p in enumerate(prompt_ids) if p in wanted]
+    table = verified.take(rows)
+    full = ATTRIBUTION_METHODS.get(name)(segment_rows(table, context.policy.load_tokenizer()), table,
+                                         config.attribute, context)
+    return [full[rows.index(i)] for i in source_rows]
+
+
+def group_advantages(verified, source_rows: Sequence[int], reshape) -> np.ndarray:
+    """The sampled rows' sequence advantages in their whole groups (reshape.estimator)."""
+    from oarctl.advantages import ADVANTAGE_ESTIMATORS
+
+    codes = np.unique(verified["prompt_id"].to_pylist(), return_inverse=True)[1]
+    rewards = np.asarray(verified["reward"].to_pylist(), dtype=np.float64)
+    every = ADVANTAGE_ESTIMATORS.get(reshape.estimator)(rewards, codes, scale=reshape.scale, eps=reshape.eps)
+    return every[list(source_rows)]
+
+
+def method_scores(methods: Sequence[str], rollouts, table, config, context, verified=None,
+                  source_rows: Sequence[int] = ()) -> dict[str, list[np.ndarray]]:
+    """Reasoning-token scores of each registry method, exactly as the attribute stage computes them (a
+    GROUP_METHODS method on the sampled rows' whole groups of `verified`, as in a training step)."""
     from oarctl.attribution import ATTRIBUTION_METHODS
 
     scores = {}
     for name in methods:
-        full = ATTRIBUTION_METHODS.get(name)(rollouts, table, config.attribute, context)
+        if name in GROUP_METHODS and verified is not None:
+            full = _group_scores(name, verified, source_rows, config, context)
+        else:
+            full = ATTRIBUTION_METHODS.get(name)(rollouts, table, config.attribute, context)
         scores[name] = [row[r.segments.reasoning[0]:r.segments.reasoning[1]] for row, r in zip(full, rollouts)]
     return scores
 
@@ -338,7 +370,7 @@ def _measure(input_path: Path, output: Path, config, policy_path: Path, log) -> 
     from oarctl.attribution.base import segment_rows
     from oarctl.fidelity_truth import (class_columns, class_table, oracle_agreement, reasoning_classes,
                                        reasoning_labels, reshape_variants, truth_columns)
-    from oarctl.contract import Policy, StageContext
+    from oarctl.contract import Policy, StageContext, progress_shown
 
     if config.policy.threads:
         import torch
@@ -355,28 +387,31 @@ def _measure(input_path: Path, output: Path, config, policy_path: Path, log) -> 
     started = time.perf_counter()
     replacements = choose_replacements(section.replacement, model, tokenizer, cases)
     log(f"[fidelity] oracle: {sum(len(r) for r in replacements)} counterfactuals over {len(cases)} rollouts")
-    regenerate = greedy_regenerator(model, tokenizer, section.max_new_tokens, section.batch_size, config.run.progress)
+    regenerate = greedy_regenerator(model, tokenizer, section.max_new_tokens, section.batch_size,
+                                    progress_shown(config.run.progress))
     causal = causal_tokens_batch(cases, replacements, regenerate, checker(tokenizer, config.verify), section.reference)
     seconds = {"oracle": time.perf_counter() - started}
 
     started = time.perf_counter()
     context = StageContext(seed=config.run.seed, step=0, policy=policy, progress=False)
-    scores = method_scores(section.methods, rollouts, table, config, context)
+    scores = method_scores(section.methods, rollouts, table, config, context, verified, source_rows)
     seconds["methods"] = time.perf_counter() - started
 
     columns = fidelity_columns(source_rows, table, causal, scores, section.ks)
     labels = reasoning_labels(table, rollouts)
+    advantages = group_advantages(verified, source_rows, config.reshape)  # ktae's class weights
     classes = reasoning_classes(table, rollouts, tokenizer)
     if labels is not None:
         columns.update(truth_columns(labels, scores, section.ks))
-        columns.update(class_columns(classes, scores, section.ks, config.reshape))
+        columns.update(class_columns(classes, scores, section.ks, config.reshape, advantages))
     result = make_table(columns, "fidelity")
     write_parquet(result, output)
     header = _header(input_path, policy_path, config, cases, causal, table["reward"].to_pylist(), seconds)
     if labels is not None:
         header.append(oracle_agreement(causal, labels))
     metrics = {"rollouts": len(cases), "oracle_seconds": seconds["oracle"], "methods_seconds": seconds["methods"]}
-    classes_report = [] if classes is None else class_table(scores, classes, reshape_variants(config.reshape))
+    classes_report = [] if classes is None else class_table(scores, classes, reshape_variants(config.reshape),
+                                                            advantages)
     return write_report(result, header, section, output, classes_report), metrics
 
 

@@ -14,7 +14,11 @@ copies, and the earlier chain, which reaches the answer only through later token
 sees only direct effects (teacher-forced OAR) finds the first and not the second, so the AUC is split
 by class (each against the free tokens), and the *weights* each class gets from Bi-Level reshaping
 are reported beside the scores: the earlier/free weight ratio says whether a method's credit differs
-from uniform (1.0) where it matters, whatever its AUC.
+from uniform (1.0) where it matters, whatever its AUC. Methods with their own credit rule get their own
+weights (`credit_rules`): entropy_mask its 0/1 mask over the sampled rollouts' reasoning tokens (the
+quantile of those tokens, not of a training batch's every token); ktae 1 + k / |A_i|, the factor its
+key-token value changes the size of the token's push by (> 1: pushed up more, or down less, than its
+sequence), with A_i the GRPO advantage of the rollout in its whole group.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from oarctl.credit_rules import batch_entropy_mask, rule_of
 from oarctl.metrics import auc, recall_at_k
 from oarctl.reshaping import bilevel_weights, carried_bilevel_weights
 from oarctl.toy.truth import QUERY_STEP, token_classes
@@ -50,9 +55,16 @@ def reasoning_classes(table, rollouts, tokenizer) -> list[np.ndarray] | None:
                        dtype=np.int8) for problem, ids, r in pairs]
 
 
-def reshaped(scores: list[np.ndarray], reshape) -> list[np.ndarray]:
+def reshaped(scores: list[np.ndarray], reshape, method: str = "", advantages=None) -> list[np.ndarray]:
     """The Bi-Level weights of each rollout's reasoning scores under a ReshapeConfig; with quantile_carry,
-    in the rollouts' order, as the released code's batch loop (and the reshape stage) computes them."""
+    in the rollouts' order, as the released code's batch loop (and the reshape stage) computes them.
+    entropy_mask and ktae: their own weights (module docstring; ktae needs the rollouts' `advantages`)."""
+    rule = rule_of(method)
+    if rule == "entropy_mask":
+        return batch_entropy_mask([np.asarray(s, dtype=np.float32) for s in scores], reshape.top_entropy_quantile)
+    if rule == "ktae":
+        return [1 + np.nan_to_num(np.asarray(s, dtype=np.float64)) / abs(a) if a else np.ones(len(s))
+                for s, a in zip(scores, advantages)]
     spans = [np.asarray(s, dtype=np.float64) for s in scores]
     if reshape.quantile_carry:
         return carried_bilevel_weights(spans, reshape.quantile, reshape.beta, reshape.floor, reshape.preserve_mass,
@@ -72,10 +84,10 @@ def class_values(scores: np.ndarray, classes: np.ndarray, weights: np.ndarray) -
     return (*counts, *aucs, *means)
 
 
-def class_columns(classes: list[np.ndarray], scores: dict, ks: Sequence[float], reshape) -> dict:
+def class_columns(classes: list[np.ndarray], scores: dict, ks: Sequence[float], reshape, advantages=None) -> dict:
     """CLASS_COLUMNS in fidelity_columns' row order (rollout, method, K); repeated over K like truth_auc."""
     columns = {name: [] for name in CLASS_COLUMNS}
-    weights = {method: reshaped(per_rollout, reshape) for method, per_rollout in scores.items()}
+    weights = {method: reshaped(per_rollout, reshape, method, advantages) for method, per_rollout in scores.items()}
     for index, row_classes in enumerate(classes):
         for method, per_rollout in scores.items():
             values = class_values(per_rollout[index], row_classes, weights[method][index])
@@ -85,10 +97,12 @@ def class_columns(classes: list[np.ndarray], scores: dict, ks: Sequence[float], 
     return columns
 
 
-def class_summary(scores: list[np.ndarray], classes: list[np.ndarray], reshape) -> dict:
+def class_summary(scores: list[np.ndarray], classes: list[np.ndarray], reshape, method: str = "",
+                  advantages=None) -> dict:
     """Over rollouts: mean AUC (all label 1, query step, earlier chain, each against free) and the mean
     weight of every token of each class, pooled, with the earlier/free ratio."""
-    rows = [class_values(s, c, w) for s, c, w in zip(scores, classes, reshaped(scores, reshape))]
+    weights = reshaped(scores, reshape, method, advantages)
+    rows = [class_values(s, c, w) for s, c, w in zip(scores, classes, weights)]
     labels = [np.where(c > 0, 1, c) for c in classes]
     summary = {"auc": _nanmean([auc(s, l) for s, l in zip(scores, labels)]),
                "auc_query": _nanmean([r[3] for r in rows]), "auc_earlier": _nanmean([r[4] for r in rows])}
@@ -105,7 +119,7 @@ def _nanmean(values) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
-def class_table(scores: dict, classes: list[np.ndarray], reshapes: dict) -> list[str]:
+def class_table(scores: dict, classes: list[np.ndarray], reshapes: dict, advantages=None) -> list[str]:
     """Markdown: per method and reshape, the class AUCs and the mean weight of each class."""
     lines = ["", "## Credit by class: the query's own step, the earlier chain, free tokens", "",
              "AUC of each label-1 class against the free tokens (mean over rollouts); mean Bi-Level weight of "
@@ -114,8 +128,10 @@ def class_table(scores: dict, classes: list[np.ndarray], reshapes: dict) -> list
              "| method | reshape | AUC | AUC query step | AUC earlier chain | weight query | weight earlier | "
              "weight free | earlier / free |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for method, per_rollout in scores.items():
-        for name, reshape in reshapes.items():
-            s = class_summary(per_rollout, classes, reshape)
+        own = rule_of(method) != "bilevel"  # its weights do not depend on the Bi-Level variants
+        variants = [(f"its own rule ({rule_of(method)})", next(iter(reshapes.values())))] if own else reshapes.items()
+        for name, reshape in variants:
+            s = class_summary(per_rollout, classes, reshape, method, advantages)
             cells = [s["auc"], s["auc_query"], s["auc_earlier"], s["weight_query"], s["weight_earlier"],
                      s["weight_free"], s["earlier_free_ratio"]]
             lines.append(f"| {method} | {name} | " + " | ".join("n/a" if math.isnan(v) else f"{v:.3f}"

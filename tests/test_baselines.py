@@ -216,3 +216,25 @@ def test_baseline_options_are_checked_at_load():
         load_config(None, ["reshape.top_entropy_quantile=1.5"])
     with pytest.raises(OarError, match="attribute.ktae_alpha"):
         load_config(None, ["attribute.ktae_alpha=0", "attribute.ktae_beta=0"])
+
+
+def test_fidelity_class_table_takes_both(cli, tiny_config, tmp_path):
+    import pyarrow.parquet as pq
+
+    from oarctl.artifacts import write_parquet
+    from oarctl.toy.tokenizer import build_tokenizer
+    from test_credit_truth import chains_columns
+
+    write_parquet(make_table(chains_columns(build_tokenizer()), "rollouts"), tmp_path / "rollouts.parquet")
+    config = tiny_config(verify={"method": "boxed"}, fidelity={"max_new_tokens": 8, "ks": [0.5]})
+    assert cli("verify", tmp_path / "rollouts.parquet", "-o", tmp_path / "verified.parquet", "-c", config).exit_code == 0
+    output = tmp_path / "fidelity.parquet"
+    result = cli("fidelity", tmp_path / "verified.parquet", "-o", output, "-c", config, "--methods", "ktae,entropy_mask")
+    assert result.exit_code == 0, result.output
+    frame = pq.read_table(output).to_pandas().groupby("method")
+    weights = ["weight_query", "weight_earlier", "weight_free"]
+    masked = frame.get_group("entropy_mask")[weights].to_numpy()
+    assert ((masked >= 0) & (masked <= 1)).all() and (masked < 1).any()  # shares of 0/1 weights, some dropped
+    assert (frame.get_group("ktae")[weights].to_numpy() != 1).any()  # the right and wrong rollouts differ
+    report = output.with_suffix(".md").read_text()
+    assert "| ktae | its own rule (ktae) |" in report and "| entropy_mask | its own rule (entropy_mask) |" in report
