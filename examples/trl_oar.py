@@ -80,8 +80,19 @@ def main() -> None:
     accelerator = trainer.accelerator
     if accelerator.is_main_process:
         print(f"{options.steps} steps in {seconds:.0f} s ({seconds / options.steps:.1f} s/step) on "
-              f"{accelerator.num_processes} process(es), {accelerator.distributed_type.value}; "
-              f"artifacts: {options.out} (oarctl report {options.out})" + _peak_memory())
+              f"{_processes(accelerator)}; artifacts: {options.out} (oarctl report {options.out})" + _peak_memory())
+
+
+# accelerate's DistributedType, as a user would say it
+STRATEGIES = {"NO": "not distributed", "MULTI_CPU": "DDP over gloo", "MULTI_GPU": "DDP", "FSDP": "FSDP",
+              "DEEPSPEED": "DeepSpeed"}
+
+
+def _processes(accelerator) -> str:
+    """`1 process on cpu, not distributed`, `8 processes on cuda, FSDP`."""
+    count, kind = accelerator.num_processes, accelerator.distributed_type.value
+    return (f"{count} process{'es' if count > 1 else ''} on {accelerator.device.type}, "
+            f"{STRATEGIES.get(kind, kind)}")
 
 
 def _peak_memory() -> str:

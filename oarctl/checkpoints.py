@@ -289,6 +289,9 @@ def save_policy(model, tokenizer, directory: Path, optimizer=None, parameter_nam
     Weights go in files of at most `max_file_mb` (update.weight_file_mb), so loaders hash them in threads."""
     from transformers.utils import logging as transformers_logging
 
+    from oarctl.distributed import quiet_deepspeed_without_gpus
+
+    quiet_deepspeed_without_gpus()  # save_pretrained imports DeepSpeed where it is installed
     transformers_logging.disable_progress_bar()
     directory.mkdir(parents=True, exist_ok=True)
     keeps_master = save_dtype != "float32" and master

@@ -259,10 +259,11 @@ def compare(run_dirs: List[Path] = typer.Argument(..., help="run folders (one pe
 @user_errors
 def status(run_dir: Path = RunDirArgument, config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
     """Which stages of which steps are done, and why the others would run."""
-    from oarctl.loop import run_status
+    from oarctl.loop import require_run_folder, run_status
 
     if not run_dir.is_dir():
         raise OarError(f"{run_dir}: run folder not found")
+    require_run_folder(run_dir, config is not None)
     recorded = run_dir / "config.yaml"
     settings = _config(config or (recorded if recorded.exists() else None), set)
     for where, stage, state in run_status(run_dir, settings):

@@ -36,6 +36,14 @@ class Policy:
         return self._loaded[1] if self._loaded is not None else load_tokenizer(self.path)
 
 
+def progress_shown(wanted: bool) -> bool:
+    """Progress bars (run.progress) only on a terminal, where a bar redraws in place and clears itself:
+    written to a pipe or a log file every redraw is a fragment glued to the next stage line."""
+    import sys
+
+    return wanted and sys.stderr.isatty()
+
+
 @dataclass
 class StageContext:
     seed: int

@@ -29,6 +29,16 @@ def fsdp_requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
+def quiet_deepspeed_without_gpus() -> None:
+    """Tell DeepSpeed it runs on CPU when there is no CUDA, before anything imports it. accelerate checks
+    for a DeepSpeedEngine whenever transformers saves a model (`save_pretrained` -> `unwrap_model`), which
+    imports DeepSpeed where it is installed; DeepSpeed then guesses its accelerator and warns "Setting
+    accelerator to CPU" though nothing of oarctl uses DeepSpeed there. Without CUDA that guess is the only
+    answer, so its own override (DS_ACCELERATOR) says it instead; a value the user set is kept."""
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 _RAM_EFFICIENT = "FSDP_CPU_RAM_EFFICIENT_LOADING"
 _SYNC_STATES = "FSDP_SYNC_MODULE_STATES"
 
@@ -37,6 +47,7 @@ def make_accelerator(bf16: bool = False):
     """None for a plain single process without bf16 (the bytes of a plain PyTorch loop); else an Accelerator."""
     if not (launched() or bf16):
         return None
+    quiet_deepspeed_without_gpus()
     from accelerate import Accelerator
 
     if torch.cuda.is_available():

@@ -289,6 +289,24 @@ def _step_summary(step: int, steps: int, line: dict) -> str:
 WILL_RERUN = "will rerun (input changes)"
 
 
+def require_run_folder(run_dir: Path, config_given: bool) -> None:
+    """`oarctl status` reads folders `oarctl run` wrote; say what another folder is not, in one line."""
+    for manifest in sorted(run_dir.glob("step_*/*.manifest.json"))[:1]:
+        try:
+            recorded = json.loads(manifest.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        stage = recorded.get("stage")
+        if stage not in STAGES:
+            trl = (recorded.get("key_parts") or {}).get("config", {}).get("trl")
+            by = f"a TRL {trl} run (OARGRPOTrainer's oar_log_dir)" if trl else f"stage {stage!r}"
+            raise OarError(f"{run_dir}: not an `oarctl run` folder: {manifest.relative_to(run_dir)} was written by "
+                           f"{by}, which has no stages to check; read it with oarctl report / oarctl show")
+    if not config_given and not (run_dir / "config.yaml").is_file():
+        raise OarError(f"{run_dir}: not an `oarctl run` folder (no config.yaml, which `oarctl run` writes first); "
+                       f"give a config with -c to see what a run there would do")
+
+
 def run_status(run_dir: Path, config) -> list[tuple[str, str, str]]:
     """(where, stage, state) rows, state = 'done' or the reason the stage would run. A stage that is done
     but downstream of one that will run (later in its step, every later step, the evaluations of their

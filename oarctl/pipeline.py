@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from oarctl import schema
-from oarctl.contract import Policy, StageContext
+from oarctl.contract import Policy, StageContext, progress_shown
 from oarctl.policy.paths import resolve_policy_path
 from oarctl.runner import key_parts, run_cached, why_stale
 from oarctl.stages import attribute, evaluate, reshape, sample, update, verify
@@ -73,7 +73,8 @@ def _stage_context(name: str, config, step: int, policy_path: Path | None) -> St
     if policy_path is None and stage.uses_policy:  # a stage run on its own uses the configured policy
         policy_path = resolve_policy_path(config.policy.path)
     return StageContext(
-        seed=config.run.seed, step=step, progress=config.run.progress, prompt_template=config.data.prompt_template,
+        seed=config.run.seed, step=step, progress=progress_shown(config.run.progress),
+        prompt_template=config.data.prompt_template,
         policy=_policy(config, policy_path, name) if stage.uses_policy else None,
         reference=Policy(resolve_policy_path(config.policy.path), config.policy.device) if uses_reference else None)
 

@@ -141,3 +141,19 @@ def test_runs_with_changed_reshape_options_are_their_own_method():
     label = method_label(yaml.safe_load("attribute: {method: truth}\nreshape: {quantile: 0.75, floor: 0.0}"))
     assert label == "truth [floor=0.0, quantile=0.75]"
     assert method_label({"run": {"group": "uniform_lr3x"}, "attribute": {"method": "uniform"}}) == "uniform_lr3x"
+
+
+def test_compare_says_where_it_wrote_and_why_the_paired_section_is_missing(cli, tmp_path):
+    runs = [fake_run(tmp_path / "u0", "uniform", 0, [0.40, 0.42], [0.3, 0.4], 3.0),
+            fake_run(tmp_path / "p0", "oar_p", 0, [0.40, 0.46], [0.3, 0.5], 3.0)]
+    output = tmp_path / "out" / "c.html"
+    result = cli("compare", *runs, "-o", output)
+    assert result.exit_code == 0, result.output
+    note = ("No paired differences: a method needs runs of at least 2 seeds that uniform also ran "
+            "(seeds here: oar_p [0]; uniform [0]).")
+    assert note in result.stdout and note in result.stderr and "Paired difference" not in result.stdout
+    assert f"wrote {output}, {output.with_suffix('.md')} and 2 figures in {output.parent / 'c'}/" in result.stderr
+    assert note in output.read_text()
+    without_baseline = cli("compare", runs[1], fake_run(tmp_path / "e0", "entropy", 0, [0.4, 0.4], [0.3, 0.3], 3.0),
+                           "-o", tmp_path / "d.html")
+    assert "No paired differences: no uniform runs to pair with" in without_baseline.stdout

@@ -193,7 +193,7 @@ def test_the_example_runs_under_the_cpu_fsdp_config(cli, tmp_path):
                      str(_free_port()), str(ROOT / "examples" / "trl_oar.py"), "--steps", "2", "--prompts-per-step",
                      "2", "--out", str(out)], timeout=300)
     assert launched.returncode == 0, launched.stderr[-3000:]
-    assert "2 steps in" in launched.stdout and "on 2 process(es), FSDP;" in launched.stdout
+    assert "2 steps in" in launched.stdout and "on 2 processes on cpu, FSDP;" in launched.stdout
     assert cli("show", out / "step_0001" / "advantages.parquet", "--row", "0").exit_code == 0
 
 

@@ -201,6 +201,16 @@ def paired_tables(groups: dict[str, list[RunSummary]], baseline: str = BASELINE)
     return blocks
 
 
+def unpaired_note(groups: dict[str, list[RunSummary]], baseline: str = BASELINE) -> str:
+    """Why there is no paired section (none of `paired_tables`): said, not silently left out."""
+    if baseline not in groups:
+        return f"No paired differences: no {baseline} runs to pair with (paired by seed)."
+    seeds = {method: sorted({r.seed for r in runs}) for method, runs in groups.items()}
+    shown = "; ".join(f"{method} {values}" for method, values in seeds.items())
+    return (f"No paired differences: a method needs runs of at least 2 seeds that {baseline} also ran "
+            f"(seeds here: {shown}).")
+
+
 def stage_table(groups: dict[str, list[RunSummary]]) -> str:
     """Seconds per step by stage: per method, the mean over its runs of each run's mean over steps, and
     the price of its credit, credit / sampling = attribute seconds / sample seconds of the same steps."""
@@ -267,10 +277,14 @@ def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None
     for summary in sorted((summarise(d, target) for d in run_dirs), key=lambda s: (s.method, s.seed)):
         groups.setdefault(summary.method, []).append(summary)
     main, sections, images = markdown_table(groups, target), paired_tables(groups), curve_images(groups)
+    note = unpaired_note(groups) if not sections and len(groups) > 1 else ""
+    if note:
+        log(note)
     if stages := stage_table(groups):
         sections.append(("Seconds per step by stage (wall, mean over steps and seeds; credit / sampling = "
                          "attribute / sample: the price of the credit against sampling the same rollouts)", stages))
-    table = main + "".join(f"\n{title}:\n\n{block}" for title, block in sections) + f"\n{provenance}\n"
+    table = (main + (f"\n{note}\n" if note else "") + "".join(f"\n{title}:\n\n{block}" for title, block in sections)
+             + f"\n{provenance}\n")
     for name, png in images.items():
         write_bytes_atomically(output.parent / output.stem / f"{name}.png", png)
     write_bytes_atomically(output.with_suffix(".md"), table)
@@ -279,7 +293,9 @@ def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None
             "table{border-collapse:collapse}img{width:520px;margin:6px}"
     write_bytes_atomically(output, f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>oarctl compare</title>'
                                    f'<style>{style}</style></head><body><h1>Runs compared</h1>{_html_table(main)}'
+                                   + (f"<p>{html.escape(note)}</p>" if note else "")
                                    + "".join(f"<h2>{html.escape(title)}</h2>{_html_table(block)}" for title, block in sections)
                                    + f'<p>{html.escape(provenance)}</p><h2>Curves</h2>{figures}</body></html>')
-    log(f"compare: {sum(len(r) for r in groups.values())} runs, {len(groups)} methods -> {output}")
+    log(f"compare: {sum(len(r) for r in groups.values())} runs, {len(groups)} methods -> wrote {output}, "
+        f"{output.with_suffix('.md')}" + (f" and {len(images)} figures in {output.parent / output.stem}/" if images else ""))
     return table

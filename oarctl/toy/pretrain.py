@@ -113,6 +113,9 @@ def _save_atomic(out_dir: Path, model, tokenizer, meta: dict) -> None:
     tmp = out_dir.parent / f".oarctl-tmp-{out_dir.name}-{os.getpid()}"
     old = out_dir.parent / f".oarctl-tmp-{out_dir.name}-{os.getpid()}-old"
     shutil.rmtree(tmp, ignore_errors=True)
+    from oarctl.distributed import quiet_deepspeed_without_gpus
+
+    quiet_deepspeed_without_gpus()  # save_pretrained imports DeepSpeed where it is installed
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "base_policy.json").write_text(json.dumps(meta, indent=2) + "\n")
