@@ -107,10 +107,28 @@ FIDELITY = pa.schema([                     # `oarctl fidelity`: one row per roll
     ("recall", pa.float32()),              # hits / causal_tokens; NaN when there is no causal token
 ])
 
+GRADIENT_CHECK = pa.schema([               # `oarctl gradient-check`: one row per credit method
+    ("method", pa.string()),               # attribution method (registry name); uniform first
+    ("batches", pa.int32()),               # batches scored (both halves)
+    ("cosine", pa.float64()),              # mean cos(batch gradient, reference: the other half's uniform gradient)
+    ("cosine_low", pa.float64()),          # its 95% Student-t interval over the batches
+    ("cosine_high", pa.float64()),
+    ("vs_uniform", pa.float64()),          # mean paired difference of cosines to uniform's, same batches
+    ("vs_uniform_low", pa.float64()),      # its 95% interval
+    ("vs_uniform_high", pa.float64()),
+    ("corrected_cosine", pa.float64()),    # cosine / cos(reference, true gradient): the reference's noise removed
+    ("expected_cosine", pa.float64()),     # cos(the method's expected gradient, uniform's): ~1 where effective_batch holds
+    ("grad_sq_norm", pa.float64()),        # mean squared norm of a batch gradient
+    ("effective_batch", pa.float64()),     # (1/c_uniform^2 - 1) / (1/c^2 - 1), c corrected: uniform batches it is worth
+    ("seconds", pa.float64()),             # measured: the method's attribution + reshaping of the pool
+    ("cost_vs_sampling", pa.float64()),    # seconds / the sample stage's seconds for the pool (NaN: unknown)
+    ("pays", pa.bool_()),                  # effective_batch - 1 >= cost_vs_sampling (null: unknown)
+])
+
 SCHEMAS = {
     "prompts": PROMPTS, "rollouts": ROLLOUTS, "verified": VERIFIED, "attributions": ATTRIBUTIONS,
     "advantages": ADVANTAGES, "update_log": UPDATE_LOG, "eval_results": EVAL_RESULTS,
-    "fidelity": FIDELITY,
+    "fidelity": FIDELITY, "gradient_check": GRADIENT_CHECK,
 }
 # Columns that only some artifacts carry; where present they are checked and kept by every later stage.
 OPTIONAL = {

@@ -20,6 +20,7 @@ single-process gradient. Ranks pad with zero-weight micro-batches to the same co
 gather parameters in every forward). Only rank 0 writes the checkpoint, update.parquet and the
 manifest. Without a launcher (one process, `bf16` off) no Accelerator is made and the bytes are
 those of a plain PyTorch loop; the KL reference model is replicated, not sharded.
+The loss of one micro-batch: oarctl/training/batch_loss.py.
 Loading, preparing and AdamW under each strategy, and the state a persistent update worker keeps
 between steps: oarctl/training/setup.py. Gathering the weights and writing the checkpoint and the
 training state: oarctl/training/save.py.
@@ -36,35 +37,11 @@ from oarctl.artifacts import make_table
 from oarctl.batching import loss_share, pad_plan, plan_step
 from oarctl.contract import StageContext, StageOutput
 from oarctl.distributed import fsdp, gather_to_rank_zero, make_accelerator, rank
-from oarctl.losses import policy_loss
-from oarctl.policy.logprobs import model_device, pad_rows, response_token_stats
+from oarctl.training.batch_loss import micro_batch_loss
 from oarctl.training.save import trained_checkpoint, training_state_after_commit
 from oarctl.training.setup import KeptState, checked_inputs, continue_kept, kept_state, load_and_prepare
 
 VERSION = "3"  # 2: under token-mean, losses and metrics weighted by token share; 3: entropy at the sampling temperature
-
-
-def micro_batch_loss(model, reference, batch: dict, config, pad_id: int):
-    device = model_device(model)
-    mask = pad_rows([[1.0] * len(r) for r in batch["response_token_ids"]], 0.0, torch.float32).to(device)
-    stats = dict(prompts=batch["prompt_token_ids"], responses=batch["response_token_ids"], pad_id=pad_id,
-                 temperature=batch["temperature"], chunk_tokens=config.logit_chunk_tokens)
-    logprobs, entropy = response_token_stats(model, **stats)
-    ref_logprobs = None
-    if reference is not None:
-        with torch.no_grad():
-            ref_logprobs, _ = response_token_stats(reference, **stats)
-
-    def padded(name, value):
-        return pad_rows(batch[name], value, torch.float32).to(device)
-
-    loss, metrics = policy_loss(
-        logprobs, padded("response_logprobs", 0.0), padded("token_advantages", 0.0), mask,
-        clip_low=config.clip_low, clip_high=config.clip_high, aggregation=config.loss_aggregation,
-        max_length=config.sum_norm_length, ref_logprobs=ref_logprobs, kl_coef=config.kl_coef)
-    metrics["entropy"] = float((entropy * mask).sum() / mask.sum())
-    metrics["tokens"] = int(mask.sum())
-    return loss, metrics
 
 
 def _accumulating(accelerator, model):
