@@ -297,6 +297,29 @@ def fidelity(verified: Path = VerifiedArgument, output: Path = OutputOption, pol
     typer.echo(f"{'wrote' if ran else 'up to date'} {files}")
 
 
+@app.command("gradient-check")
+@user_errors
+def gradient_check(verified: Path = VerifiedArgument, output: Path = OutputOption, policy: Optional[Path] = PolicyOption,
+                   methods: str = typer.Option("uniform,truth,oar_flow_local", "--methods",
+                                               help="comma-separated attribution methods (uniform is always run)"),
+                   batch_prompts: Optional[int] = typer.Option(None, "--batch-prompts", help="prompts per scored batch "
+                                                               "(default: sample.prompts_per_step, a training batch)"),
+                   sample_seconds: Optional[float] = typer.Option(None, "--sample-seconds", help="seconds sampling the "
+                                                                  "pool took (default: its sample manifest's)"),
+                   config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
+    """How well one batch's gradient under each credit method points along the policy gradient, measured
+    on a pool of the policy's own rollouts -> a table (+ .md, .png). Reshaping knobs: --set reshape.KEY=..."""
+    from oarctl.gradient_check import run_gradient_check
+    from oarctl.policy.paths import resolve_policy_path
+
+    settings = _config(config, set)
+    policy_path = Path(policy) if policy else resolve_policy_path(settings.policy.path)
+    names = [name.strip() for name in methods.split(",") if name.strip()]
+    typer.echo(run_gradient_check(verified, output, settings, policy_path, names, batch_prompts, sample_seconds,
+                                  log=_log))
+    typer.echo(f"wrote {output}, {output.with_suffix('.md')}, {output.with_suffix('.png')}")
+
+
 @app.command("config")
 @user_errors
 def show_config(config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption,
