@@ -120,6 +120,8 @@ OPTIONS = {
     "row": Number(0),                  # a row index
     "count": Number(1),                # prompts `toy prompts` writes
     "sample_size": Number(1),          # rollouts `fidelity` draws
+    "batch_prompts": Number(1),        # prompts per batch `gradient-check` scores
+    "sample_seconds": Number(0, above=True),  # seconds the sample stage took (`gradient-check`)
     "batch_prompts": Number(1),        # prompts per batch (`gradient-check`)
     "sample_seconds": Number(0, above=True),
     "seed": Number(0),
