@@ -37,6 +37,14 @@ def _cell(text) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _yaml(value) -> str:
+    """A default as it would be written in a config file (true, [1, 4], '')."""
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+    return _code(text.removesuffix("\n...").removesuffix("...").strip())
+
+
 def _code(value) -> str:
     text = repr(value) if not isinstance(value, str) else (value if value else "''")
     return "`" + text.replace("|", "\\|") + "`"
@@ -172,8 +180,8 @@ def config_page() -> str:
         help_text = f.metadata.get("help", "")
         deviation = DEVIATIONS.get(f"{name}.{f.name}")
         if deviation:
-            help_text += f" *Deviation from the released code:* {deviation}."
-        lines.append(f"| `{name}.{f.name}` | {_code(default)} | {_cell(help_text)} |")
+            help_text = f"{help_text.rstrip('.')}. *Deviation from the released code:* {deviation}."
+        lines.append(f"| `{name}.{f.name}` | {_yaml(default)} | {_cell(help_text)} |")
     return "\n".join(lines) + "\n"
 
 
