@@ -64,14 +64,15 @@ def oar_g_group(setting: Setting, hw: Hardware, rows: np.ndarray) -> Cost:
     return cost
 
 
-def entropy_batches(setting: Setting, hw: Hardware, rows: np.ndarray) -> Cost:
+def entropy_batches(setting: Setting, hw: Hardware, rows: np.ndarray, whole_response: bool = False) -> Cost:
     """Entropy: one no-grad forward over prompt + reasoning, the vocabulary projection at every reasoning
-    position. Held: one layer's working set, the (b, U, V) logits in the policy dtype and one row's
-    float32 log-softmax and probabilities (2 R V x 4)."""
+    position (whole_response, entropy_mask: over prompt + response, projected at every response position).
+    Held: one layer's working set, the (b, U, V) logits in the policy dtype and one row's float32
+    log-softmax and probabilities (2 R V x 4)."""
     s, L, a = setting.shape, setting.lengths, setting.config.attribute
     b = dtype_bytes(a.dtype)
     cost = Cost()
-    reasoning = reasoning_tokens(L.responses[rows])
+    reasoning = L.responses[rows] if whole_response else reasoning_tokens(L.responses[rows])
     ends = L.prompt + reasoning
     for batch in batches_within(list(range(len(rows))), [int(e) for e in ends], a.batch_size, a.max_batch_tokens):
         n, width = len(batch), int(max(ends[i] for i in batch))
@@ -200,12 +201,16 @@ def attribute_stage(setting: Setting, hw: Hardware, method: str) -> Cost:
     if method in ("uniform", "random"):
         cost = Cost(note="free (no model call)")
         return cost
+    if method == "ktae":  # token counts per group on the CPU, no model call (not modelled: ~0.1 s per step)
+        return Cost(note="no model call (token statistics per group, CPU)")
     parts = []
     for rows in _group_rows(setting, a.skip_uniform_groups):
         if method == "oar_g":
             parts.append(oar_g_group(setting, hw, rows))
         elif method == "entropy":
             parts.append(entropy_batches(setting, hw, rows))
+        elif method == "entropy_mask":  # in OARGRPOTrainer: free, TRL's loss forward computes the entropies
+            parts.append(entropy_batches(setting, hw, rows, whole_response=True))
         elif method == "oar_flow_local":
             parts.append(oar_flow_local_group(setting, hw, rows))
         else:

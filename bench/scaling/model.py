@@ -6,7 +6,7 @@ from dataclasses import dataclass
 GB = 1e9
 CONCLUDE_TOKENS, ANSWER_TOKENS, CLOSING_TOKENS = 4, 4, 2  # `\boxed{`, the answer, `}` + eos
 METHODS = ("uniform", "random", "entropy", "oar_p", "oar_p_span", "oar_p_screened", "oar_g", "oar_flow",
-           "oar_flow_span", "oar_flow_local")  # the registry, but:
+           "oar_flow_span", "oar_flow_local", "entropy_mask", "ktae")  # the registry, but:
 # the truth methods read labels only the chains toy world has; mc_value (sampled continuations) is not modelled
 NOT_MODELLED = ("truth", "truth_shuffled", "truth_last", "mc_value")
 OAR_P_FAMILY = ("oar_p", "oar_p_span", "oar_p_screened", "oar_flow", "oar_flow_span")
