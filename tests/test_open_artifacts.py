@@ -26,7 +26,7 @@ def artifacts(tmp_path_factory, tiny_policy, signal_data):
     config.write_text(json.dumps({
         "run": {"steps": 1, "progress": False}, "policy": {"path": str(tiny_policy)},
         "data": {"train": str(signal_data["train"]), "heldout": str(signal_data["heldout"])},
-        "sample": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 16},
+        "sample": {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 16},  # gradient-check: 2 batches a half
         "evaluate": {"samples": 2, "max_new_tokens": 16, "pass_k": [1, 2]},
         "update": {"mini_batch_size": 8, "micro_batch_size": 4}}))  # JSON is YAML
     run, step = folder / "R", folder / "R" / "step_0000"
@@ -35,8 +35,12 @@ def artifacts(tmp_path_factory, tiny_policy, signal_data):
     fidelity = runner.invoke(app, ["fidelity", str(step / "verified.parquet"), "-o", str(folder / "fidelity.parquet"),
                                    "-c", str(config), "--sample", "2", "--methods", "random"])
     assert fidelity.exit_code == 0, fidelity.output
+    check = runner.invoke(app, ["gradient-check", str(step / "verified.parquet"), "-o", str(folder / "check.parquet"),
+                                "-c", str(config), "--methods", "random", "--batch-prompts", "1"])
+    assert check.exit_code == 0, check.output
     paths = {"prompts": run / "data" / "train.parquet", "update_log": step / "policy" / "update.parquet",
-             "eval_results": run / "eval" / "base.parquet", "fidelity": folder / "fidelity.parquet"}
+             "eval_results": run / "eval" / "base.parquet", "fidelity": folder / "fidelity.parquet",
+             "gradient_check": folder / "check.parquet"}
     paths.update({kind: step / f"{kind}.parquet" for kind in ("rollouts", "verified", "attributions", "advantages")})
     assert set(paths) == set(SCHEMAS)
     return paths
