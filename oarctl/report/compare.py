@@ -271,11 +271,11 @@ def compare_runs(run_dirs: list[Path], output: Path, target: float | None = None
     from oarctl.artifacts import write_bytes_atomically
     from oarctl.provenance import check_runs
 
-    provenance = check_runs(run_dirs, allow_mixed)  # before any work: a refusal costs nothing
     target = DEFAULT_TARGET if target is None else target
     groups: dict[str, list[RunSummary]] = {}
     for summary in sorted((summarise(d, target) for d in run_dirs), key=lambda s: (s.method, s.seed)):
         groups.setdefault(summary.method, []).append(summary)
+    provenance = check_runs(run_dirs, allow_mixed)  # once each folder is known to be a run; before any output
     main, sections, images = markdown_table(groups, target), paired_tables(groups), curve_images(groups)
     note = unpaired_note(groups) if not sections and len(groups) > 1 else ""
     if note:
