@@ -34,6 +34,7 @@ READING_STANDS = [
     ("So we need 3 + 4.", "7", "no_answer"),                                   # an operand lenient refused
     ("$2^{10}.$", "2", "wrong"),                      # math-verify would read a part of the same answer
     ("The answer is $1/3.$", "1", "wrong"),           # ... or compare the same answer differently
+    ("La respuesta es 12. Comprobación: 12 + 3 = 15.", "15", "wrong"),  # an answer after a marker stands
 ]
 
 
@@ -68,7 +69,8 @@ def test_refusals_and_math_readings_of_oarctl_stand():
     verdicts = verify_batch(list(responses), list(golds), extraction="lenient", workers=2)
     assert [v.verdict for v in verdicts] == list(first)
     assert all(v.graded_by == "oarctl" for v in verdicts)
-    assert [v.second_path for v in verdicts] == [False, False, True, True]  # refusals never ask math-verify
+    # refusals never ask math-verify, nor does an answer stated after an answer marker (`The answer is $1/3.$`)
+    assert [v.second_path for v in verdicts] == [False, False, True, False, False]
 
 
 def test_second_path_is_never_a_second_way_to_be_wrong():

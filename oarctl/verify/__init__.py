@@ -3,10 +3,14 @@
 
 `math` (the full verifier: extraction in `strict` or `lenient` mode, normalisation, math-verify in
 a killable pool) and `boxed` (last \\boxed{}, exact text match; pure string work, no modes).
+
+One answer: `grade(response, gold, extraction="lenient")` returns the Verdict the verify stage
+gives it (the same code path as `verify_batch`); `extract_answer` and `is_equivalent` are the
+strict building blocks beneath it.
 """
 from oarctl.registry import Registry
 from oarctl.verify import boxed
-from oarctl.verify.equivalence import Verdict, is_equivalent, verdict_columns, verify_batch
+from oarctl.verify.equivalence import Verdict, grade, is_equivalent, verdict_columns, verify_batch
 from oarctl.verify.extract import extract_answer
 
 CHECKERS = Registry("verify method")
@@ -30,4 +34,4 @@ def boxed_batch(responses: list[str], golds: list[str], **_limits) -> list[Verdi
     return verdicts
 
 
-__all__ = ["CHECKERS", "Verdict", "extract_answer", "is_equivalent", "verdict_columns", "verify_batch"]
+__all__ = ["CHECKERS", "Verdict", "extract_answer", "grade", "is_equivalent", "verdict_columns", "verify_batch"]

@@ -4,14 +4,21 @@ Repeated (answer, gold) pairs are decided once per batch and remembered across b
 of 8 samples repeats answers a lot); only pairs the cheap path (cheap.py) cannot settle reach a
 worker, so integer answers (the toy task) never start one. The first such pair starts a worker at
 once, so that its import overlaps the extraction of the rest of the batch. In lenient mode, answers
-graded no answer or wrong get a second path (second_path.py) through the same pool.
+graded no answer or wrong get a second path (second_path.py) through the same pool, and readings
+that need the gold come first: a choice letter when the gold is one and several boxes as one list
+when the gold is a list (gold_readings.py), then the pair rules of lenient_rules.py (mixed numbers,
+units on one side, decimals against exact values, complex numbers), which decide before the cheap
+path and are never remembered, so strict pairs never meet them.
+
+`grade` grades one response as the verify stage does (`verify_batch` on a batch of one);
+`extract_answer` (extract.py) and `is_equivalent` are the strict building blocks beneath it.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
 
-from oarctl.verify import second_path
+from oarctl.verify import gold_readings, lenient_rules, second_path
 from oarctl.verify.extract import check_mode, find_answer
 from oarctl.verify.cheap import quick_verdict
 from oarctl.verify.normalize import decimal_comma, normalize, spaced_list
@@ -132,14 +139,40 @@ def needs_engine(pair: tuple[str, str] | None) -> bool:
     return pair is not None and pair not in _MEMO and _quick(pair) is None
 
 
-def _pair(found, gold_form: str, extraction: str) -> tuple[str, str] | None:
+def _pair(found, gold_form: str, extraction: str, response: str = "") -> tuple[str, str] | None:
     if found is None:
         return None
     pred = normalize(found.text)
     if extraction != "lenient":
         return pred, gold_form
     # a decimal comma on either side, read against the other side's plain number
-    return spaced_list(found.text, decimal_comma(pred, gold_form)), decimal_comma(gold_form, pred)
+    pred, gold = spaced_list(found.text, decimal_comma(pred, gold_form)), decimal_comma(gold_form, pred)
+    written = response[found.start:found.end] or found.text  # before `12 apples` was read as `12`
+    return lenient_rules.rewrite(written, pred, gold)
+
+
+def _found(response: str, gold_form: str, mode: str):
+    """The answer as the mode reads it; in lenient mode a choice letter when the gold is one, and
+    several boxes as one list when the gold is a list."""
+    found = find_answer(response, mode)
+    if mode != "lenient":
+        return found
+    if gold_readings.is_letter(gold_form):
+        return gold_readings.find_choice(response, found) or found
+    if gold_readings.is_collection(gold_form):
+        return gold_readings.find_box_set(response, found) or found
+    return found
+
+
+def _lenient_decision(pair: tuple[str, str] | None) -> Decision | None:
+    """The verdict of a lenient pair rule (lenient_rules.py), None when none decides."""
+    if pair is None:
+        return None
+    started = time.perf_counter()
+    equal = lenient_rules.lenient_verdict(*pair)
+    if equal is None:
+        return None
+    return Decision("correct" if equal else "wrong", True, (time.perf_counter() - started) * 1e3)
 
 
 def verify_batch(responses: list[str], golds: list[str], *, timeout: float = DEFAULT_TIMEOUT,
@@ -152,17 +185,21 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = DEF
     """
     mode, gold_forms = check_mode(extraction), {gold: normalized_gold(gold) for gold in set(golds)}
     limits = {"timeout": timeout, "workers": workers, "memory_mb": memory_mb}
-    found, pairs, engine_started = [], [], False
+    found, pairs, settled, engine_started = [], [], {}, False
     for response, gold in zip(responses, golds):
-        found.append(find_answer(response, mode))
-        pairs.append(_pair(found[-1], gold_forms[gold], extraction))
-        if not engine_started and (_unanswered(mode, response, found[-1]) or needs_engine(pairs[-1])):
+        found.append(_found(response, gold_forms[gold], mode))
+        pairs.append(_pair(found[-1], gold_forms[gold], extraction, response))
+        decision = _lenient_decision(pairs[-1]) if mode == "lenient" else None
+        if decision is not None:
+            settled[pairs[-1]] = decision
+        elif not engine_started and (_unanswered(mode, response, found[-1]) or needs_engine(pairs[-1])):
             _pool(timeout, workers, memory_mb).start()  # imports the engine while we extract the rest
             engine_started = True
     # Responses without an answer take the second path in the same round as the first path's pairs.
     unanswered = [second_path.item(response, gold) for response, gold, answer in zip(responses, golds, found)
                   if _unanswered(mode, response, answer)]
-    decisions = decide([p for p in pairs if p is not None] + unanswered, **limits)
+    engine_pairs = [p for p in pairs if p is not None and p not in settled]
+    decisions = {**decide(engine_pairs + unanswered, **limits), **settled}
     verdicts = [_first_verdict(answer, gold_forms[gold], pair, decisions)
                 for answer, gold, pair in zip(found, golds, pairs)]
     return _with_second_path(responses, golds, found, verdicts, decisions, limits) if mode == "lenient" else verdicts
@@ -204,7 +241,20 @@ def _second_verdict(first: Verdict, response: str, decision: Decision) -> Verdic
                    False, latency_ms, graded_by=second_path.GRADED_BY, second_path=True)
 
 
+def grade(response: str, gold: str, extraction: str = "lenient", *, timeout: float = DEFAULT_TIMEOUT,
+          workers: int = 0, memory_mb: int = DEFAULT_MEMORY_MB) -> Verdict:
+    """One response against its gold, graded as the verify stage and `oarctl evaluate` grade it: the
+    Verdict of `verify_batch` on a batch of one (lenient by default, as evaluation; `strict` as the
+    training reward), the second path and the readings that need the gold included."""
+    return verify_batch([response], [gold], timeout=timeout, workers=workers, memory_mb=memory_mb,
+                        extraction=extraction)[0]
+
+
 def is_equivalent(pred: str, gold: str, timeout: float = DEFAULT_TIMEOUT) -> bool:
-    """Whether a final answer (not a whole response) equals the gold answer; False on timeout."""
+    """Whether a final answer (not a whole response) equals the gold answer; False on timeout.
+
+    A strict building block: no lenient reading (no second path, no choice letter, no lenient pair
+    rule), so `extract_answer(text, mode="lenient")` followed by this call may grade lower than
+    `grade(text, gold)`, which is the one call that grades as the verify stage does."""
     pair = (normalize(pred), normalized_gold(gold))
     return decide([pair], timeout=timeout, workers=1)[pair].verdict == "correct"

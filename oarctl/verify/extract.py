@@ -78,5 +78,8 @@ def find_answer(response: str, mode: str = "strict") -> Extraction | None:
 
 
 def extract_answer(response: str, mode: str = "strict") -> str | None:
+    """The final answer's text. A building block of strict grading, with `is_equivalent`: lenient
+    grading also reads with the gold in hand (gold_readings.py, lenient_rules.py) and takes a second
+    path, so grade a response as evaluation does with `oarctl.verify.grade`."""
     found = find_answer(response, mode)
     return None if found is None else found.text

@@ -41,15 +41,23 @@ NUMBER = re.compile(r"(?<![A-Za-z0-9_.,])-?(?:\d{1,3}(?:\.\d{3})+,\d+|\d{1,3}(?:
 PERCENT_AFTER = re.compile(r"\s*(?:\\?%|percent\b|per\s+cent\b)", re.IGNORECASE)
 # Next to one of these a number is part of an expression or a relation, not the answer.
 OPERATOR_BEFORE = re.compile(r"(?:[\^*/+<>≤≥×÷{}_\\-]|\\(?:geq?|leq?|neq?|gt|lt|times|cdot))\s*$")
-OPERATOR_AFTER = re.compile(r"\s*[\^*/+<>≤≥×÷=(){}_\\-]")
+# A backslash that ends the text (`185\\`, a stray line break `\\\\`) closes the answer, not an operator.
+OPERATOR_AFTER = re.compile(r"\s*(?:[\^*/+<>≤≥×÷=(){}_-]|\\(?!\\?\s*$))")
 # Words before the last number that make it something other than the answer: a list's last item
 # (`2, 4 and 8`), or a hedge (`17, since 16 fails`, `more than 10`, `not 6`).
 NOT_THE_ANSWER_BEFORE = re.compile(r"(?:\d\s*(?:,|and|or|&)\s*(?:and\s+|or\s+)?"
                                    r"|\b(?:since|because|not|cannot|can't|isn't|except|unless|than|if|but|instead of"
-                                   r"|maybe|perhaps|possibly)\s+(?:\S+\s+){0,2})$",
+                                   r"|maybe|perhaps|possibly"
+                                   # the same in other languages: `12 et non 15`, `12, no 15`, `не 15`, `而不是 15`
+                                   r"|non|pas|sauf|nicht|kein|keine|no|não|не|нет)\s+(?:\S+\s+){0,2}"
+                                   r"|(?:不是|而非|ではなく|でなく)\s*)$",
                                    re.IGNORECASE)
 NUMBER_WITH_WORDS = re.compile(r"^(?:\\?\$\s*)?(-?[\d.,]+(?:/\d+)?)\s*(%|\\%|percent|per\s+cent)?"
                                r"(?:\s+[A-Za-z][A-Za-z ]*)?\.?$", re.IGNORECASE)
+# A whole number and a proper fraction after it, `3 1/2`: one mixed number (equivalence reads its value).
+MIXED_BEFORE = re.compile(r"(?<![\d.,/])-?\d{1,9}[ \t]+$")
+# Markdown bold marks before an answer (`**Answer:** 12` reads `** 12`); trailing ones: stray_end.
+STRAY_START = re.compile(r"^(?:\*\*|\s)+")
 BARE_LIMIT = 300  # characters: a longer text without prose is not "just the answer"
 # Markdown bold around a short run of text; it opens after a space or punctuation, never inside `2**10`.
 BOLD = re.compile(r"(?<![A-Za-z0-9_*])\*\*(?=[^\s*])([^*\n]{1,200}?)(?<=[^\s*])\*\*(?!\*)")
@@ -57,9 +65,11 @@ BOLD = re.compile(r"(?<![A-Za-z0-9_*])\*\*(?=[^\s*])([^*\n]{1,200}?)(?<=[^\s*])\
 # `\quad`, `\text{and}` (strict mode's answer_text.CONNECTOR allows one word), then maybe `x =`.
 LIST_CONNECTOR = re.compile(r"(?:[\s$,;&]|\\[,;:! ]|\\q?quad\b|\\text\{\s*(?:(?:and|or|,)\s*)?\}|\band\b|\bor\b)*"
                             r"(?:[A-Za-z](?:_\d)?\s*=\s*)?\\(?:boxed|fbox)\{")
-# "Answer" in other languages, then an optional verb or colon; its sentence ends at `.`, `。` or a newline.
-FOREIGN_ANSWER = re.compile(r"(?:\b(?:réponse|respuesta|resposta|risposta|antwort|ответ)\b|答案|الإجابة|الجواب|उत्तर)"
-                            r"\s*(?:(?:est|es|é|è|ist)\b|:|：)?\s*:?\s*", re.IGNORECASE)
+# "Answer" in other languages (`Réponse :`, `La respuesta es`, `Die Antwort lautet`, `Ответ —`, `答案是`,
+# `答：`, `答えは`), then an optional verb, dash or colon; its sentence ends at `.`, `。` or a newline.
+FOREIGN_ANSWER = re.compile(r"(?:\b(?:réponse|respuesta|resposta|risposta|antwort|ответ)\b|答案|答え|答(?=\s*[:：])"
+                            r"|الإجابة|الجواب|उत्तर)"
+                            r"\s*(?:(?:est|es|é|è|ist|lautet|равен)\b|[—–]|是|为|為|は|:|：)?\s*[:：]?\s*", re.IGNORECASE)
 FOREIGN_SENTENCE_END = re.compile(r"\.(?=\s|$)|[。\n]")
 
 
@@ -141,7 +151,15 @@ def _last_expression(response: str) -> Extraction | None:
         return None if found is None else _with_percent(plain, found, after)
     if number is None or _ambiguous(plain, number):
         return None
-    return _with_percent(plain, Extraction(number.group(), number.start(), number.end()), number.end())
+    return _with_percent(plain, _mixed(plain, number), number.end())
+
+
+def _mixed(text: str, number: re.Match) -> Extraction:
+    """The number, or the mixed number it ends (`3 1/2` read whole: its last number alone is `1/2`)."""
+    whole = MIXED_BEFORE.search(text, max(0, number.start() - 20), number.start()) if "/" in number.group() else None
+    if whole is None:
+        return Extraction(number.group(), number.start(), number.end())
+    return Extraction(text[whole.start():number.end()], whole.start(), number.end())
 
 
 def refuses(text: str) -> bool:
@@ -192,9 +210,35 @@ def _bare(response: str) -> Extraction | None:
     return stripped(response, 0, len(response)) if reads_as_math(response) else None
 
 
+def stray_end(text: str) -> int:
+    """Where a text ends without what may trail an answer by accident: spaces, backslashes (a stray
+    `\\`, a TeX line break `\\\\`) and markdown bold marks. A loop from the end, linear in what it removes
+    (a regular expression anchored at the end would retry from every position: quadratic)."""
+    end = len(text)
+    while end > 0:
+        if text[end - 1].isspace() or text[end - 1] == "\\":
+            end -= 1
+        elif text.startswith("**", end - 2, end):
+            end -= 2
+        else:
+            break
+    return end
+
+
+def _trimmed(found: Extraction | None) -> Extraction | None:
+    """`185\\` -> `185`, `** 12` -> `12`: the answer without the stray marks around it (its span shrinks too)."""
+    if found is None:
+        return None
+    head = STRAY_START.match(found.text)
+    start, end = head.end() if head else 0, stray_end(found.text)
+    if (start, end) == (0, len(found.text)) or start >= end:
+        return found
+    return Extraction(found.text[start:end], found.start + start, found.end - (len(found.text) - end))
+
+
 def find_lenient(response: str, strict: Extraction | None) -> Extraction | None:
     """The lenient answer, given the strict one (None when strict found nothing)."""
     if strict is not None:
         found = _number_only(_lenient_box_run(response, strict))
-        return _sentence(response, found) if found is strict else found
-    return _foreign_answer(response) or _bare(response) or _last_expression(response)
+        return _trimmed(_sentence(response, found) if found is strict else found)
+    return _trimmed(_foreign_answer(response) or _bare(response) or _last_expression(response))

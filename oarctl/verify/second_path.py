@@ -16,6 +16,9 @@ overlaps an answer oarctl read as math (`2` of `$2^{10}.$`): the second path is 
 the response, never a second comparison of the same answer (math-verify takes `$1/3.$` for 1).
 Nor is it taken on a response without a digit or a backslash or dollar sign, where math-verify's
 default extraction finds nothing (it reads `The answer is C` as nothing): a worker's time saved.
+Nor where the answer stands in the sentence of an answer marker, in any language (`La respuesta
+es 12. Comprobación: 12 + 3 = 15.`): the response stated its answer, and math-verify's reading of
+another number (its last, 15) is a misreading, not a second chance.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import re
 
 from oarctl.verify.boxed import box_spans
 from oarctl.verify.answer_text import BOX_MARKERS, Extraction
-from oarctl.verify.lenient import reads_as_math, refuses
+from oarctl.verify.lenient import FOREIGN_ANSWER, reads_as_math, refuses
 
 GRADED_BY = "math-verify"
 SECOND_CHANCE = ("no_answer", "wrong")
@@ -31,6 +34,10 @@ SECOND_CHANCE = ("no_answer", "wrong")
 # `$...$`, since math-verify's default extraction finds nothing in bare LaTeX.
 MATH_MARKUP = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed\{")
 ANYTHING_TO_PARSE = re.compile(r"[\d$\\]")
+# An answer marker (`the answer is`, `Answer:`, `####`, or one of another language), then the rest of
+# its sentence up to the answer.
+MARKER_BEFORE = re.compile(r"(?:\banswer\s*(?:is\b|:)|####|" + FOREIGN_ANSWER.pattern + r")[^.\n。]{0,80}$",
+                           re.IGNORECASE)
 
 
 def math_verify_gold(gold: str) -> str:
@@ -50,7 +57,12 @@ def deserves_second_path(response: str, found: Extraction | None, verdict: str) 
         return bool(ANYTHING_TO_PARSE.search(response)) and not refuses(response)
     if not reads_as_math(found.text) and refuses(found.text):  # a prose answer such as `more than 10`
         return False
-    return not _lone_box(response, found)
+    return not _lone_box(response, found) and not after_marker(response, found)
+
+
+def after_marker(response: str, found: Extraction) -> bool:
+    """Whether the answer stands in the sentence of an answer marker (any language)."""
+    return bool(MARKER_BEFORE.search(response, max(0, found.start - 200), found.start))
 
 
 def _lone_box(response: str, found: Extraction) -> bool:
