@@ -31,15 +31,16 @@ class RunConfig:
     steps: int = option(20, "number of RL steps (sample -> verify -> attribute -> reshape -> update)")
     eval_every: int = option(0, "evaluate the held-out set every N steps (0: only base and final)")
     keep_checkpoints: int = option(2, "policy checkpoints kept on disk; older ones are pruned (manifests stay)")
-    progress: bool = option(True, "show progress bars on long stages")
+    progress: bool = option(True, "show progress bars on long stages (only when stderr is a terminal)")
     group: str = option("", "the method name `oarctl compare` groups this run under (empty: attribute.method "
                             "plus the reshape options changed from their defaults)")
 
 
 @dataclass
 class DataConfig:
-    train: str = option("toy", "training prompts: 'toy' (generated) or a Parquet/JSONL file with problem/answer")
-    heldout: str = option("toy", "held-out prompts for evaluate: 'toy' or a Parquet/JSONL file")
+    train: str = option("toy", "training prompts: 'toy' (generated), a Parquet/JSONL/JSON file, a folder saved by "
+                               "datasets, or a hub dataset name[:config]:split (oarctl/data.py)")
+    heldout: str = option("toy", "held-out prompts for evaluate: 'toy' or any source data.train takes")
     toy_train_size: int = option(4096, "number of generated training problems")
     toy_heldout_size: int = option(256, "number of generated held-out problems (disjoint from train)")
     toy_heldout_seed: int = option(0, "seed of the generated held-out set; not run.seed, so that runs of every "
@@ -50,9 +51,11 @@ class DataConfig:
     chain_lengths: list = option([4, 5, 6, 7, 8], "toy_family chains: computed steps per chain, mixed evenly (1..12)")
     train_split: str = option("train", "split of a Hugging Face dataset named in data.train (or write name:split)")
     heldout_split: str = option("test", "split of a Hugging Face dataset named in data.heldout or evaluate.benchmarks")
-    problem_column: str = option("problem", "column holding the problem text (files and hub datasets)")
-    answer_column: str = option("answer", "column holding the gold final answer")
-    id_column: str = option("id", "column holding a row id (falls back to prompt_id, then file name + row)")
+    problem_column: str = option("problem", "column holding the problem text, or chat messages (at the default, "
+                                            "a source without it: question, prompt, query, ... found and said)")
+    answer_column: str = option("answer", "column holding the gold final answer (at the default, a source without "
+                                          "it: final_answer, solution, ... found and said)")
+    id_column: str = option("id", "column holding a row id (falls back to prompt_id, then a hash of the problem)")
     levels: list = option([], "keep only training rows whose `level` (int or 'Level N') is listed; [] keeps all")
     prompt_template: str = option("chat", "prompt template: chat, qwen25-math-cot, base, or a file / string "
                                           "with {problem} (oarctl/templates.py); sample and evaluate use it")
