@@ -189,15 +189,17 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = DEF
     for response, gold in zip(responses, golds):
         found.append(_found(response, gold_forms[gold], mode))
         pairs.append(_pair(found[-1], gold_forms[gold], extraction, response))
-        decision = _lenient_decision(pairs[-1]) if mode == "lenient" else None
-        if decision is not None:
-            settled[pairs[-1]] = decision
-        elif not engine_started and (_unanswered(mode, response, found[-1]) or needs_engine(pairs[-1])):
+        if mode == "lenient" and pairs[-1] not in settled:  # each distinct pair once (groups repeat answers)
+            settled[pairs[-1]] = _lenient_decision(pairs[-1])
+        if settled.get(pairs[-1]) is not None:
+            continue
+        if not engine_started and (_unanswered(mode, response, found[-1]) or needs_engine(pairs[-1])):
             _pool(timeout, workers, memory_mb).start()  # imports the engine while we extract the rest
             engine_started = True
     # Responses without an answer take the second path in the same round as the first path's pairs.
     unanswered = [second_path.item(response, gold) for response, gold, answer in zip(responses, golds, found)
                   if _unanswered(mode, response, answer)]
+    settled = {pair: decision for pair, decision in settled.items() if decision is not None}
     engine_pairs = [p for p in pairs if p is not None and p not in settled]
     decisions = {**decide(engine_pairs + unanswered, **limits), **settled}
     verdicts = [_first_verdict(answer, gold_forms[gold], pair, decisions)
