@@ -135,7 +135,7 @@ def _fisher_exact(a: int, b: int, c: int, d: int) -> Fraction:
                 if probability(k) <= observed), Fraction(0))
 
 
-def _transcribed(responses, correct, alpha=1.0, beta=1.0, use_tf=True, scale=1.0, unit_p_zero=True) -> dict:
+def _transcribed(responses, correct, alpha=1.0, beta=1.0, use_tf=True, scale=1.0, unit_p_zero=False) -> dict:
     """The method's equations, term by term, for one group ({} when not mixed)."""
     right = [r for r, ok in zip(responses, correct) if ok]
     wrong = [r for r, ok in zip(responses, correct) if not ok]
@@ -172,11 +172,14 @@ def _transcribed(responses, correct, alpha=1.0, beta=1.0, use_tf=True, scale=1.0
 
 
 def test_ktae_hand_computed_group():
-    """Correct [1, 2], wrong [2, 3]; token 1: a=1 b=0 c=0 d=1, Fisher p = 1/2 + 1/2 = 1 (strength 0),
-    IG = 1 bit, Cohen's h = asin(1) - asin(0) = pi/2; without tf: k = tanh((1 * pi/2) / 2 / 2)."""
-    values = key_values([[1, 2], [2, 3]], [True, False], use_tf=False)
+    """Correct [1, 2], wrong [2, 3]; token 1: a=1 b=0 c=0 d=1, Fisher p = 1/2 + 1/2 = 1 (strength exp(-2) as
+    released, 0 with unit_p_zero), IG = 1 bit, Cohen's h = asin(1) - asin(0) = pi/2; without tf:
+    k = tanh((strength + 1) * pi/2 / 2 / 2)."""
+    values = key_values([[1, 2], [2, 3]], [True, False], use_tf=False, unit_p_zero=True)
     assert values[1] == pytest.approx(math.tanh(math.pi / 8), abs=1e-12)
     assert values[3] == pytest.approx(-math.tanh(math.pi / 8), abs=1e-12)
+    released = key_values([[1, 2], [2, 3]], [True, False], use_tf=False)
+    assert released[1] == pytest.approx(math.tanh((math.exp(-2) + 1) * math.pi / 8), abs=1e-12)
     assert values[2] == 0.0  # in both: no association, no direction
     # with tf, token 1's BM25 ratio 0.6 / 1e-5 saturates the sigmoid: k = +1
     assert key_values([[1, 2], [2, 3]], [True, False])[1] == pytest.approx(1.0)
@@ -184,7 +187,7 @@ def test_ktae_hand_computed_group():
 
 
 @pytest.mark.parametrize("options", [{}, {"use_tf": False}, {"alpha": 0.5, "beta": 2.0, "scale": 0.3},
-                                     {"unit_p_zero": False}])
+                                     {"unit_p_zero": True}])
 def test_ktae_equals_the_transcribed_equations(options):
     rng = random.Random(0)
     for _ in range(12):

@@ -8,8 +8,8 @@ its group, in [-ktae_scale, ktae_scale]. The reshape stage adds it to the sequen
 
 Per group (correct: reward > 0, as the released code splits them), per token id v of its responses:
   a, b  correct / incorrect responses that contain v; c = n_correct - a, d = n_incorrect - b;
-  F     = exp(-2 p) with p Fisher's two-sided exact p-value of [[a, b], [c, d]] (0 where p = 1, unless
-          ktae_unit_p_zero is off);
+  F     = exp(-2 p) with p Fisher's two-sided exact p-value of [[a, b], [c, d]] (with ktae_unit_p_zero, 0
+          where p = 1);
   IG    = H(correct) - H(correct | contains v), in bits;
   x     = asin(sqrt(a / n_correct)) - asin(sqrt(b / n_incorrect))  (Cohen's h without its factor 2)
           + with ktae_tf: tf_c / (tf_i + 1e-5) - tf_i / (tf_c + 1e-5), tf the BM25-saturated frequency of v
@@ -22,8 +22,9 @@ Where we deviate from the released code (xiaolizh1/KTAE, verl/workers/actor/comp
 sizes measured in section 10 of docs/method.md): float64 instead of float32; Fisher's p sums the tables
 at most as likely as the observed one with scipy's relative tolerance 1e-7 (the released sum compares
 float32 values exactly, so tables tied in probability can drop out); `p = 1` is read with the same
-tolerance, whereas the released float32 sum comes out at 1.0000005 where p = 1, so its `p != 1.0` guard does
-not fire and such tokens get F = exp(-2) (`ktae_unit_p_zero: false` reproduces that); the zeroed ids are the tokenizer's, not a fixed Qwen id (which would be out of range for a
+tolerance; the released float32 sum comes out at 1.0000005 where p = 1, so its `p != 1.0` guard does not
+fire and such tokens get F = exp(-2): the default reproduces that, `ktae_unit_p_zero: true` applies the guard
+(a different value on about a third of the tokens, up to 0.63, measured); the zeroed ids are the tokenizer's, not a fixed Qwen id (which would be out of range for a
 smaller vocabulary).
 """
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _bm25(frequency: float, length: int, mean_length: float) -> float:
 
 
 def key_values(responses: list[list[int]], correct: list[bool], alpha: float = 1.0, beta: float = 1.0,
-               use_tf: bool = True, scale: float = 1.0, zero_ids=(), unit_p_zero: bool = True) -> dict[int, float]:
+               use_tf: bool = True, scale: float = 1.0, zero_ids=(), unit_p_zero: bool = False) -> dict[int, float]:
     """{token id: key-token value} of one group's responses ({} when the group is not mixed)."""
     wins = [set(r) for r, ok in zip(responses, correct) if ok]
     losses = [set(r) for r, ok in zip(responses, correct) if not ok]
