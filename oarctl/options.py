@@ -153,7 +153,9 @@ def check_options(command: Callable, values: dict) -> None:
     """Raise OarError naming the option for the first value the table refuses."""
     for name, parameter in inspect.signature(command).parameters.items():
         value = values.get(name)
-        if value is None or isinstance(value, bool) or type(parameter.default).__name__ != "OptionInfo":
+        # Typer makes a parameter with a default an option (typer.Option or a plain default), any other an argument
+        argument = parameter.default is inspect.Parameter.empty or type(parameter.default).__name__ == "ArgumentInfo"
+        if value is None or isinstance(value, bool) or argument:
             continue
         rule = OPTIONS.get(name)
         if rule is None and isinstance(value, (int, float)):
