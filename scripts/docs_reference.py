@@ -6,10 +6,11 @@
 Reads (imports) the Typer app (`oarctl/cli.py`, through click), the config schema (`oarctl/schema.py`),
 the artifacts' Parquet schemas (`oarctl/artifacts.py`, the column descriptions being the comments beside
 each column there) and the registries (`oarctl/registry.py` instances: attribution methods, estimators...).
-Writes docs/reference/{cli,config,artifacts,registries,modules}.md (modules: every module's docstring). The pages are committed so that a reader of
-the repository reaches them in one click from the README; mkdocs also regenerates them at build time
-through `on_files` below (mkdocs.yml names this file under `hooks:`), so the site is built from the code
-even when a committed copy is stale, and tests/test_docs_site.py fails until the copy is rewritten.
+and every module's docstring (read, not imported). Writes docs/reference/{cli,config,artifacts,registries,
+modules}.md. The pages are committed so that a reader of the repository reaches them in one click from the
+README; mkdocs also regenerates them at build time through `on_files` below (mkdocs.yml names this file
+under `hooks:`), so the site is built from the code even when a committed copy is stale, and
+tests/test_docs_site.py fails until the copy is rewritten.
 """
 from __future__ import annotations
 
@@ -98,7 +99,9 @@ def _option_default(param) -> str:
     if param.required:
         return "required"
     if getattr(param, "is_flag", False) and param.secondary_opts:
-        return "—" if param.default is None else ("`" + (param.opts if param.default else param.secondary_opts)[0] + "`")
+        if param.default is None:
+            return "—"
+        return "`" + (param.opts if param.default else param.secondary_opts)[0] + "`"
     if getattr(param, "is_flag", False):
         return "off" if not param.default else "on"
     if param.default is None or param.default == ():
@@ -252,7 +255,7 @@ def _writers() -> dict[str, str]:
 
 
 def artifacts_page() -> str:
-    from oarctl.artifacts import ALIGNED_WITH_RESPONSE, SCHEMAS
+    from oarctl.artifacts import ALIGNED_WITH_RESPONSE
 
     described = column_comments()
     writers = _writers()
@@ -274,9 +277,9 @@ def artifacts_page() -> str:
                          "| column | type | new | what |\n|---|---|---|---|")
         new = "" if field.name in earlier else "new"
         note = " (optional: present only when the input has it)" if optional else ""
-        lines.append(f"| `{field.name}` | `{str(field.type).replace('item: ', '')}` | {new} | {_cell(described.get(field.name, ''))}{note} |")
+        arrow_type = str(field.type).replace("item: ", "")  # list<item: int32> -> list<int32>
+        lines.append(f"| `{field.name}` | `{arrow_type}` | {new} | {_cell(described.get(field.name, ''))}{note} |")
         seen.add(field.name)
-    assert set(SCHEMAS) <= {k for k, _, _ in artifact_columns()}
     return "\n".join(lines) + "\n"
 
 
