@@ -54,6 +54,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a tiny model on shared cores "
                                                                 "runs many times slower with more)")
     options = parser.parse_args()
+    if not options.vllm:  # TRL warns about the installed vLLM's version on import, though this run never uses it
+        import warnings
+
+        warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions", category=UserWarning)
 
     import torch
 

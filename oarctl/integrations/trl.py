@@ -60,7 +60,7 @@ from oarctl.attribution.base import segment_rows
 from oarctl.attribution.rows import rows_to_score
 from oarctl.config import set_option, validate
 from oarctl.contract import StageContext
-from oarctl.distributed import fsdp_requested, keep_fsdp_on_cpu, rank
+from oarctl.distributed import fsdp_requested, keep_fsdp_on_cpu, quiet_deepspeed_without_gpus, rank
 from oarctl.errors import OarError
 from oarctl.integrations.trl_log import StepLog, check_trl_version
 from oarctl.credit_rules import high_entropy_mask, token_credit
@@ -143,6 +143,7 @@ class OARGRPOTrainer(GRPOTrainer):
         if attribution_params not in ("sharded", "gathered"):
             raise OarError(f"attribution_params: expected 'sharded' or 'gathered', got {attribution_params!r}")
         self.attribution_params = attribution_params
+        quiet_deepspeed_without_gpus()  # TRL unwraps the model for generation: accelerate then imports DeepSpeed
         super().__init__(*args, **kwargs)
         if oar.attribute.method in LOSS_TIME_METHODS:
             self._mask_in_loss(oar)
