@@ -106,7 +106,7 @@ def _option_default(param) -> str:
         return "off" if not param.default else "on"
     if param.default is None or param.default == ():
         return "—"
-    return _code(param.default)
+    return _code(str(param.default) if isinstance(param.default, Path) else param.default)
 
 
 def undocumented_cli() -> list[str]:
