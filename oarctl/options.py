@@ -122,8 +122,6 @@ OPTIONS = {
     "sample_size": Number(1),          # rollouts `fidelity` draws
     "batch_prompts": Number(1),        # prompts per batch `gradient-check` scores
     "sample_seconds": Number(0, above=True),  # seconds the sample stage took (`gradient-check`)
-    "batch_prompts": Number(1),        # prompts per batch (`gradient-check`)
-    "sample_seconds": Number(0, above=True),
     "seed": Number(0),
     "time_limit": Number(0, above=True),
     "target": Number(0, 1, above=True),  # a held-out accuracy
