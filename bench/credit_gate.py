@@ -45,15 +45,20 @@ def rollouts_file(out: Path, config: str, prompts: int, sets: list[str]) -> Path
     return out / "verified.parquet"
 
 
-def scored(methods: list[str], rollouts, table, config, context) -> tuple[dict, dict]:
-    """{method: reasoning scores per rollout}, {method: seconds of the registry call}."""
+def scored(methods: list[str], rollouts, table, config, context, verified=None, rows=()) -> tuple[dict, dict]:
+    """{method: reasoning scores per rollout}, {method: seconds of the registry call}; a method of group
+    statistics (ktae) scores the sampled rollouts within their whole groups of `verified`, as fidelity does."""
     from oarctl.attribution import ATTRIBUTION_METHODS
+    from oarctl.fidelity import GROUP_METHODS, group_scores
 
     scores, seconds = {}, {}
     context.policy.load()  # loading is not a method's time
     for name in methods:
         started = time.perf_counter()
-        full = ATTRIBUTION_METHODS.get(name)(rollouts, table, config.attribute, context)
+        if name in GROUP_METHODS and verified is not None:
+            full = group_scores(name, verified, rows, config, context)
+        else:
+            full = ATTRIBUTION_METHODS.get(name)(rollouts, table, config.attribute, context)
         seconds[name] = time.perf_counter() - started
         scores[name] = [row[r.segments.reasoning[0]:r.segments.reasoning[1]] for row, r in zip(full, rollouts)]
         print(f"[gate] {name}: {seconds[name]:.1f} s", flush=True)
@@ -69,7 +74,8 @@ def rule_scores(rollouts, config, context, span: bool) -> dict:
     return {f"{name} ({rule})": scores for rule, scores in per_rule.items()}
 
 
-def table_lines(scores: dict, seconds: dict, classes, reshape) -> list[str]:
+def table_lines(scores: dict, seconds: dict, classes, reshape, advantages=None) -> list[str]:
+    """Per method its row; entropy_mask and ktae weigh by their own rule (the same in both weight columns)."""
     from oarctl.fidelity_truth import class_summary
 
     rank = dataclasses.replace(reshape, normalize="rank")
@@ -78,7 +84,9 @@ def table_lines(scores: dict, seconds: dict, classes, reshape) -> list[str]:
              "| earlier/free weight (rank) | weight query / earlier / free (rank) |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, per_rollout in scores.items():
-        s, r = class_summary(per_rollout, classes, paper), class_summary(per_rollout, classes, rank)
+        method = name.split(" ")[0]
+        s = class_summary(per_rollout, classes, paper, method, advantages)
+        r = class_summary(per_rollout, classes, rank, method, advantages)
         time_cell = f"{seconds[name]:.1f}" if name in seconds else "(same pass)"
         lines.append(f"| {name} | {time_cell} | {s['auc']:.3f} | {s['auc_query']:.3f} | {s['auc_earlier']:.3f} | "
                      f"{s['earlier_free_ratio']:.2f} | {r['earlier_free_ratio']:.2f} | "
@@ -101,7 +109,7 @@ def main() -> None:
     from oarctl.artifacts import read_artifact
     from oarctl.attribution.oar import segment_rows
     from oarctl.config import load_config
-    from oarctl.fidelity import sample_rows
+    from oarctl.fidelity import group_advantages, sample_rows
     from oarctl.fidelity_truth import reasoning_classes
     from oarctl.policy.paths import resolve_policy_path
     from oarctl.runner import Policy, StageContext
@@ -110,13 +118,14 @@ def main() -> None:
     out = ROOT / args.out
     config = load_config(ROOT / args.config, args.set)
     verified = read_artifact(rollouts_file(out, args.config, args.prompts, args.set), "verified")
-    table = verified.take(sample_rows(verified.num_rows, args.sample, config.run.seed))
+    rows = sample_rows(verified.num_rows, args.sample, config.run.seed)
+    table = verified.take(rows)
     policy = Policy(resolve_policy_path(config.policy.path))
     context = StageContext(seed=config.run.seed, step=0, policy=policy)
     rollouts = segment_rows(table, policy.load_tokenizer())
     classes = reasoning_classes(table, rollouts, policy.load_tokenizer())
     methods = args.methods.split(",")
-    scores, seconds = scored(methods, rollouts, table, config, context)
+    scores, seconds = scored(methods, rollouts, table, config, context, verified, rows)
     for name in ("oar_flow", "oar_flow_span"):
         if name in methods:
             scores.update(rule_scores(rollouts, config, context, span=name == "oar_flow_span"))
@@ -127,7 +136,8 @@ def main() -> None:
               f"oar_p_mode {config.attribute.oar_p_mode}, span_tokens {config.attribute.span_tokens}, "
               f"chunk_size {config.attribute.chunk_size}, reshape q {config.reshape.quantile} beta "
               f"{config.reshape.beta} floor {config.reshape.floor}; 1 torch thread", ""]
-    report = "\n".join(header + table_lines(scores, seconds, classes, config.reshape)) + "\n"
+    advantages = group_advantages(verified, rows, config.reshape)  # ktae's class weights: 1 + k / |A|
+    report = "\n".join(header + table_lines(scores, seconds, classes, config.reshape, advantages)) + "\n"
     (out / "gate.md").write_text(report)
     print(report)
 

@@ -254,7 +254,7 @@ def checker(tokenizer, verify_config) -> IsCorrect:
 GROUP_METHODS = ("ktae",)  # scored from statistics of whole groups: the sampled rows' groups are scored whole
 
 
-def _group_scores(name: str, verified, source_rows: Sequence[int], config, context) -> list[np.ndarray]:
+def group_scores(name: str, verified, source_rows: Sequence[int], config, context) -> list[np.ndarray]:
     """A GROUP_METHODS method's scores of the sampled rows, computed on every row of their groups."""
     from oarctl.attribution import ATTRIBUTION_METHODS
     from oarctl.attribution.base import segment_rows
@@ -287,7 +287,7 @@ def method_scores(methods: Sequence[str], rollouts, table, config, context, veri
     scores = {}
     for name in methods:
         if name in GROUP_METHODS and verified is not None:
-            full = _group_scores(name, verified, source_rows, config, context)
+            full = group_scores(name, verified, source_rows, config, context)
         else:
             full = ATTRIBUTION_METHODS.get(name)(rollouts, table, config.attribute, context)
         scores[name] = [row[r.segments.reasoning[0]:r.segments.reasoning[1]] for row, r in zip(full, rollouts)]
