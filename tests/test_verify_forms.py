@@ -30,7 +30,8 @@ MARKERS = [
     ("合計は 250 円です。\n答え：250", "250", "250", "correct"),
 ]
 # a negation in another language before the last number: that number is not the answer
-REFUSED_AFTER_NEGATION = ["La réponse est 12 et non 15.", "La respuesta es 12, no 15.", "Die Antwort lautet 12, nicht 15.",
+REFUSED_AFTER_NEGATION = ["La réponse est 12 et non 15.", "La respuesta es 12, no 15.",
+                          "Die Antwort lautet 12, nicht 15.",
                           "答案是 12，而不是 15。"]
 
 
@@ -49,7 +50,8 @@ def test_a_number_after_a_negation_is_never_the_answer(response):
 
 def test_the_second_path_does_not_overrule_an_answer_stated_after_a_marker():
     """math-verify reads the last number, 15; the response said its answer was 12."""
-    verdict = verify_batch(["La respuesta es 12. Comprobación: 12 + 3 = 15."], ["15"], extraction="lenient", timeout=TIMEOUT)[0]
+    response = "La respuesta es 12. Comprobación: 12 + 3 = 15."
+    verdict = verify_batch([response], ["15"], extraction="lenient", timeout=TIMEOUT)[0]
     assert (verdict.verdict, verdict.extracted, verdict.second_path) == ("wrong", "12", False)
 
 
@@ -87,7 +89,8 @@ def test_no_letter_where_the_response_names_several_or_none(response, gold):
 def test_choice_letters_are_read_only_against_a_letter_gold():
     """Against a number the letter is not read: `B) 4.5 eV` is graded on its number."""
     assert verify_batch(["B) 4.5 eV"], ["4.5"], extraction="lenient", timeout=TIMEOUT)[0].extracted != "B"
-    assert verify_batch(["C, since the other two fail."], ["C"], extraction="strict", timeout=TIMEOUT)[0].verdict == "no_answer"
+    strict = verify_batch(["C, since the other two fail."], ["C"], extraction="strict", timeout=TIMEOUT)[0]
+    assert strict.verdict == "no_answer"
 
 
 @pytest.mark.parametrize("response, gold, verdict", [
@@ -199,3 +202,37 @@ def test_strict_mode_never_takes_the_lenient_readings():
     golds = ["8", "C", "3.5", "185", "-3, 2", "5+5i"]
     strict = verify_batch(responses, golds, extraction="strict", timeout=TIMEOUT)
     assert [v.verdict for v in strict] == ["no_answer", "no_answer", "wrong", "wrong", "wrong", "wrong"]
+
+
+# ---- hostile text: the readings that need the gold stay linear ------------------------------------
+
+SIZE = 50_000  # characters: a quadratic pass takes half a minute or more, a linear one well under a second
+HOSTILE = {
+    "marker_then_spaces": "答案" + " " * SIZE + "!",
+    "answer_is_then_spaces": "the answer is" + " \t" * SIZE + "?",
+    "letters": "A B " * (SIZE // 4),
+    "unit_words": "1" + " " * SIZE + "x" + " " * SIZE + "!",
+    "boxes_with_prose": "\\boxed{1} and then " * (SIZE // 20),
+    "digits": "1" * SIZE + "x 1/2",
+    "open_parentheses": "(" * SIZE + "i",
+    "backslashes": "The answer is 1" + "\\" * SIZE,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_gold_readings_and_lenient_rules_are_linear(name):
+    import time
+
+    from oarctl.verify.normalize import normalize
+
+    text = HOSTILE[name]
+    started = time.perf_counter()
+    found = find_answer(text, "lenient")
+    find_choice(text, found)
+    find_box_set(text, found)
+    answer = normalize(found.text if found else text)
+    rewrite(text, answer, "12 apples")
+    for gold in ("12 apples", "5+5i", "\\frac{1}{3}", "3"):
+        lenient_verdict(answer, gold)
+        lenient_verdict(gold, answer)
+    assert time.perf_counter() - started < 10.0, name

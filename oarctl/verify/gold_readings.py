@@ -30,8 +30,10 @@ from oarctl.verify.lenient import FOREIGN_ANSWER
 
 GOLD_LETTER = re.compile(r"^[A-J]$")
 LEADING = re.compile(r"^\s*(?:\*\*)?\(?([A-J])\)?(?:\*\*)?(?=[\s,.:;)]|$)")
-NAMED = re.compile(r"(?:\b(?:answer|choice|option)\b(?:\s+(?:is|would\s+be))?|" + FOREIGN_ANSWER.pattern + r")"
-                   r"\s*[:：]?\s*(?:\*\*)?\(?((?-i:[A-J]))\)?(?![\w'])", re.IGNORECASE)
+# A word that names the answer, then (matched apart, from where it ends) the letter. One regular
+# expression for both would give a run of spaces several ways to split: polynomial on hostile text.
+NAMING = re.compile(r"\b(?:answer|choice|option)\b(?:[ \t]+(?:is|would[ \t]+be)\b)?", re.IGNORECASE)
+NAMED_LETTER = re.compile(r"[\s:：]*(?:\*\*)?\(?([A-J])\)?(?![\w'])")
 LETTER = re.compile(r"(?<![\w'])\(?([A-J])\)?(?![\w'])")
 ARTICLE_OR_PRONOUN = re.compile(r"[AI] [a-z]")
 SENTENCE_END = re.compile(r"(?<=[.!?。])\s+|\n+")
@@ -59,11 +61,16 @@ def _letters(text: str) -> set[str]:
             if not ARTICLE_OR_PRONOUN.match(text, match.start(), match.end() + 2)}
 
 
+def _named(text: str) -> re.Match | None:
+    """The letter after the last word or marker that names the answer (`choice is (B)`, `答案：C`)."""
+    ends = [match.end() for pattern in (NAMING, FOREIGN_ANSWER) for match in pattern.finditer(text)]
+    return NAMED_LETTER.match(text, max(ends)) if ends else None
+
+
 def _choice_in(text: str, offset: int) -> Extraction | None:
     match = LEADING.match(text)
     if match is None or ARTICLE_OR_PRONOUN.match(text, match.start(1), match.end(1) + 2):
-        named = list(NAMED.finditer(text))
-        match = named[-1] if named else None
+        match = _named(text)
     if match is None or _letters(text) != {match.group(1)}:
         return None
     return Extraction(match.group(1), offset + match.start(1), offset + match.end(1))

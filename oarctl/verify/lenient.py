@@ -67,9 +67,10 @@ LIST_CONNECTOR = re.compile(r"(?:[\s$,;&]|\\[,;:! ]|\\q?quad\b|\\text\{\s*(?:(?:
                             r"(?:[A-Za-z](?:_\d)?\s*=\s*)?\\(?:boxed|fbox)\{")
 # "Answer" in other languages (`Réponse :`, `La respuesta es`, `Die Antwort lautet`, `Ответ —`, `答案是`,
 # `答：`, `答えは`), then an optional verb, dash or colon; its sentence ends at `.`, `。` or a newline.
-FOREIGN_ANSWER = re.compile(r"(?:\b(?:réponse|respuesta|resposta|risposta|antwort|ответ)\b|答案|答え|答(?=\s*[:：])"
-                            r"|الإجابة|الجواب|उत्तर)"
-                            r"\s*(?:(?:est|es|é|è|ist|lautet|равен)\b|[—–]|是|为|為|は|:|：)?\s*[:：]?\s*", re.IGNORECASE)
+FOREIGN_ANSWER = re.compile(r"(?:\b(?:réponse|respuesta|resposta|risposta|antwort|ответ)\b"
+                            r"|答案|答え|答(?=\s*[:：])|الإجابة|الجواب|उत्तर)"
+                            r"\s*(?:(?:est|es|é|è|ist|lautet|равен)\b|[—–]|是|为|為|は|:|：)?\s*[:：]?\s*",
+                            re.IGNORECASE)
 FOREIGN_SENTENCE_END = re.compile(r"\.(?=\s|$)|[。\n]")
 
 

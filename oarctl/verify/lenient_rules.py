@@ -37,12 +37,14 @@ from oarctl.verify.normalize import plain_number
 MIXED = re.compile(r"^(-?)(\d{1,9})(?:\s*\\frac\{(\d{1,9})\}\{(\d{1,9})\}|\s+(\d{1,9})/(\d{1,9}))$")
 NUMBER_AND_WORDS = re.compile(r"^(-?\d[\d.]*(?:/\d+)?)\s+[A-Za-z][A-Za-z ]*$")
 # A number and unit words, plain or in one `\text{}`: `12 cm`, `12\text{ apples}`.
-UNIT_WORDS = re.compile(r"^\$?\s*-?\d[\d.,]*(?:/\d+)?\s*(?:\\(?:text|mbox|mathrm)\{)?\s*([A-Za-z][A-Za-z ]*?)\s*\}?\.?$")
+UNIT_WORDS = re.compile(r"^\$?\s*-?\d[\d.,]*(?:/\d+)?\s*(?:\\(?:text|mbox|mathrm)\{)?\s*"
+                        r"([A-Za-z][A-Za-z ]*?)\s*\}?\.?$")
 # A number, then a unit (`3\text{ hours }`, `2 m`): two of them make a compound quantity. A lone `i`
 # or `e` after a number is the imaginary unit or an exponent (`2i \cdot 3i`, `2e5`), not a unit.
 WITH_UNIT = re.compile(r"\d\s*(?:\\(?:text|mbox|mathrm)\s*\{\s*)?(?![ie](?![A-Za-z]))[A-Za-z]")
 SCIENTIFIC = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(?:\\times|\\cdot)\s*10\^(?:\{(-?\d{1,3})\}|(\d))$")
 COMPLEX_FORM = re.compile(r"^-?(?:\d+(?:\.\d+)?\s*[-+]\s*)?(?:\d+(?:\.\d+)?)?\s*i$")
+UNIT_LIMIT = 200
 RELATIVE_TOLERANCE = Decimal("1e-6")
 SIGNIFICANT_DIGITS = 6
 COMPLEX_SAME, COMPLEX_FAR = 1e-9, 1e-6  # relative: the same value (float rounding), or another one
@@ -66,8 +68,11 @@ def _gold_without_words(raw: str, pred: str, gold: str) -> str:
 
 
 def unit_words(answer: str) -> str | None:
-    """`12 apples` -> `apple`: the unit words after a number, lower case and singular; None if none."""
-    match = UNIT_WORDS.match(answer.strip())
+    """`12 apples` -> `apple`: the unit words after a number, lower case and singular; None if none
+    (and for a text of more than UNIT_LIMIT characters: unit answers are short)."""
+    if len(answer) > UNIT_LIMIT:
+        return None
+    match = UNIT_WORDS.match(" ".join(answer.split()))
     return None if match is None else " ".join(word.lower().removesuffix("s") for word in match.group(1).split())
 
 
