@@ -6,8 +6,7 @@
 Reads (imports) the Typer app (`oarctl/cli.py`, through click), the config schema (`oarctl/schema.py`),
 the artifacts' Parquet schemas (`oarctl/artifacts.py`, the column descriptions being the comments beside
 each column there) and the registries (`oarctl/registry.py` instances: attribution methods, estimators...).
-and every module's docstring (read, not imported). Writes docs/reference/{cli,config,artifacts,registries,
-modules}.md. The pages are committed so that a reader of the repository reaches them in one click from the
+and every module's docstring (read, not imported). Writes the five pages of docs/reference/. The pages are committed so that a reader of the repository reaches them in one click from the
 README; mkdocs also regenerates them at build time through `on_files` below (mkdocs.yml names this file
 under `hooks:`), so the site is built from the code even when a committed copy is stale, and
 tests/test_docs_site.py fails until the copy is rewritten.
