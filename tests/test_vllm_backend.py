@@ -24,7 +24,8 @@ from oarctl.policy import backends, canary, transformers_backend, vllm_backend  
 from oarctl.policy.logprobs import teacher_forced_logprobs  # noqa: E402
 from oarctl.stages.sample import prompt_token_ids  # noqa: E402
 
-SETTINGS = section_dict(load_config(None, ["vllm.enforce_eager=true", "vllm.dtype=float32"]), "vllm")
+# vllm.dtype as a user leaves it (auto): the toy checkpoints are float32, and so must the engine be
+SETTINGS = section_dict(load_config(None, ["vllm.enforce_eager=true"]), "vllm")
 PROBLEMS = [f"Compute {a}+{b}." for a, b in [(12, 3), (25, 1), (40, 2), (17, 9)]]
 
 
@@ -139,6 +140,7 @@ def test_a_response_does_not_depend_on_its_batch_neighbours(served, tiny_policy)
 def test_canary_passes_on_its_checkpoint_and_catches_other_weights(served, tiny_policy, random_checkpoint):
     _, model, tokenizer, _ = served
     llm = _on(tiny_policy)
+    assert vllm_backend.served_dtype(llm) == "float32"  # vllm.dtype auto: the checkpoint's, not vLLM's bfloat16
     assert vllm_backend.check_canary(llm, canary.compute_reference(model, tokenizer), tiny_policy, SETTINGS) < 1e-4
     other = canary.read_reference(random_checkpoint)
     with pytest.raises(OarError, match=r"random_checkpoint.*: vLLM serves stale or wrong weights .*canary.json.*"
@@ -249,8 +251,7 @@ def test_sample_and_evaluate_stages_run_on_vllm(served, cli, tmp_path):
 
     prompts, rollouts, results = tmp_path / "prompts.parquet", tmp_path / "rollouts.parquet", tmp_path / "eval.parquet"
     assert cli("toy", "prompts", "-o", prompts, "-n", "4").exit_code == 0
-    settings = ["--set", "policy.backend=vllm", "--set", "vllm.enforce_eager=true", "--set", "vllm.dtype=float32",
-                "--set", "run.progress=false"]
+    settings = ["--set", "policy.backend=vllm", "--set", "vllm.enforce_eager=true", "--set", "run.progress=false"]
     result = cli("sample", prompts, "-o", rollouts, *settings, "--set", "sample.prompts_per_step=2",
                  "--set", "sample.group_size=3", "--set", "sample.max_new_tokens=16")
     assert result.exit_code == 0, result.output
@@ -270,11 +271,7 @@ def test_a_run_samples_each_step_from_the_checkpoint_update_wrote(served, cli, t
     import json
 
     run = tmp_path / "run"
-    result = cli("run", "--run-dir", run, "--set", "run.steps=2", "--set", "run.progress=false",
-                 "--set", "policy.backend=vllm", "--set", "vllm.enforce_eager=true", "--set", "vllm.dtype=float32",
-                 "--set", "data.toy_train_size=32", "--set", "data.toy_heldout_size=4",
-                 "--set", "sample.prompts_per_step=4", "--set", "sample.group_size=4", "--set", "evaluate.samples=1",
-                 "--set", "evaluate.pass_k=[1]", "--set", "update.epochs=1")
+    result = cli(*_two_step_run(run))
     assert result.exit_code == 0, result.output
     assert (run / "step_0000" / "policy" / "training_state" / "optimizer.safetensors").exists()
     recorded = json.loads((run / "step_0000" / "policy" / "checkpoint.json").read_text())["files"]
@@ -288,6 +285,38 @@ def test_a_run_samples_each_step_from_the_checkpoint_update_wrote(served, cli, t
     # sample, so step 1 builds one (on a GPU it would be reloaded in place)
     assert [m["engine"] for m in samples] == ["reused", "built"]
     assert samples[1]["canary_failures"] == 0 and samples[1]["engine_load_seconds"] > 0
+
+
+def _two_step_run(run) -> list:
+    """`oarctl run` of two small steps on vLLM, vllm.dtype left at auto."""
+    return ["run", "--run-dir", run, "--set", "run.steps=2", "--set", "run.progress=false",
+            "--set", "policy.backend=vllm", "--set", "vllm.enforce_eager=true",
+            "--set", "data.toy_train_size=32", "--set", "data.toy_heldout_size=4",
+            "--set", "sample.prompts_per_step=4", "--set", "sample.group_size=4", "--set", "evaluate.samples=1",
+            "--set", "evaluate.pass_k=[1]", "--set", "update.epochs=1"]
+
+
+def test_a_run_whose_engine_is_left_on_the_old_weights_is_stopped_by_the_canary(served, cli, tmp_path,
+                                                                                  tiny_policy, monkeypatch):
+    """A weight sync that never happened: every engine is built from the base policy's folder whatever
+    checkpoint it is asked to serve. Step 1 stops with one error line naming step 0's checkpoint, before
+    anything is sampled from it. One update moves the float32 canary log-probs past the tolerance (checked
+    here, so that the stop is the canary's doing)."""
+    base = vllm_backend.weights_folder(tiny_policy)
+    monkeypatch.setattr(vllm_backend, "weights_folder", lambda path: base)
+    run = tmp_path / "run"
+    result = cli(*_two_step_run(run))
+    assert result.exit_code == 2, result.output
+    trained = run / "step_0000" / "policy"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+    assert errors[0].startswith(f"error: {trained}: vLLM serves stale or wrong weights (canary log-probs differ")
+    assert errors[0].endswith("for float32 weights)")
+    assert not (run / "step_0001" / "rollouts.parquet").exists()
+    _, model, tokenizer, _ = served
+    moved = canary.read_reference(trained)["logprobs"][:SETTINGS["canary_tokens"]]
+    old = canary.compute_reference(model, tokenizer)["logprobs"][:SETTINGS["canary_tokens"]]
+    assert max(abs(a - b) for a, b in zip(moved, old)) > vllm_backend.canary_tolerance(SETTINGS, "float32")
 
 
 def _generate(policy, prompts, **settings):
