@@ -126,8 +126,9 @@ def stop() -> None:
         replica.connection.close()
         try:
             replica.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:  # e.g. still building its engine, not reading the socket
             replica.process.kill()
+            replica.process.wait()  # reaped: none left behind, and poll() says so
     _running.clear()
 
 
