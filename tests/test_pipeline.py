@@ -124,6 +124,12 @@ def test_show_prints_row_count_and_schema_of_every_artifact(cli, tiny_config, tm
     assert metrics.exit_code == 0 and '"kind": "step"' in metrics.stdout
 
 
+def _ran(stderr: str) -> list[str]:
+    """The outputs of the stages a run ran (`[stage] OUT: running: why`), not those it found cached."""
+    return [line.split()[1].rstrip(":") for line in stderr.splitlines()
+            if line.startswith("[") and ": running: " in line]
+
+
 def test_more_steps_resume_where_the_run_stopped(cli, tiny_config, tmp_path):
     config = tiny_config(signal=True)
     run_dir = tmp_path / "R"
@@ -131,7 +137,7 @@ def test_more_steps_resume_where_the_run_stopped(cli, tiny_config, tmp_path):
     first = _snapshot(run_dir)
     longer = cli("run", "-c", config, "--run-dir", run_dir, "--steps", "2")
     assert longer.exit_code == 0, longer.output
-    recomputed = [line.split()[1] for line in longer.stderr.splitlines() if line.startswith("[")]
+    recomputed = _ran(longer.stderr)
     assert recomputed == [str(run_dir / "step_0001" / STEP_OUTPUTS[n]) for n in STEP_STAGES] + \
         [str(run_dir / "eval" / "step_0001.parquet")]
     assert {m: v for m, v in _snapshot(run_dir).items() if m in first} == first
@@ -144,7 +150,7 @@ def test_changing_evaluate_after_pruning_reruns(cli, tiny_config, tmp_path):
     assert not (run_dir / "step_0000" / "policy" / "PRUNED").exists()  # evaluated: kept
     result = cli("run", "-c", config, "--run-dir", run_dir, "--set", "evaluate.samples=3")
     assert result.exit_code == 0, result.output
-    recomputed = [line.split()[1] for line in result.stderr.splitlines() if line.startswith("[")]
+    recomputed = _ran(result.stderr)
     # every evaluation again (the pruned step's policy is there because it was evaluated), no training stage
     assert sorted(recomputed) == [str(run_dir / "eval" / name) for name in
                                   ("base.parquet", "step_0000.parquet", "step_0001.parquet")], recomputed
