@@ -250,6 +250,7 @@ def _writers() -> dict[str, str]:
     writers["update_log"] = "`oarctl update` (`policy/update.parquet`)"
     writers["prompts"] = "`oarctl toy prompts`, `oarctl run` (`data/*.parquet`), or your own file"
     writers["fidelity"] = "`oarctl fidelity`"
+    writers["gradient_check"] = "`oarctl gradient-check`"
     return writers
 
 
