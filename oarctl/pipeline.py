@@ -87,7 +87,12 @@ def _policy(config, path: Path, name: str) -> Policy:
     stage = STAGES[name]
     backend = resolve(config.policy.backend) if stage.generates else "transformers"
     dtype = getattr(config, name).dtype if stage.own_dtype else "float32"
-    return Policy(path, config.policy.device, backend, schema.section_dict(config, "vllm"), dtype)
+    vllm = schema.section_dict(config, "vllm")
+    if backend == "vllm":  # the dtype the engine serves joins the sample key (runner.key_parts)
+        from oarctl.policy.vllm_backend import requested_dtype
+
+        vllm["dtype"] = requested_dtype(path, vllm)
+    return Policy(path, config.policy.device, backend, vllm, dtype)
 
 
 def key_section(config, name: str) -> dict:

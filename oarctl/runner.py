@@ -77,6 +77,8 @@ def key_parts(stage, section: dict, input_paths: dict[str, Path], context: Stage
         inputs["policy"] = context.policy.identity
         if context.policy.backend != "transformers":  # other samples, same policy: keys of old runs unchanged
             inputs["backend"] = context.policy.backend
+        if context.policy.backend == "vllm" and context.policy.vllm:  # float32 and bfloat16 engines sample apart
+            inputs["engine_dtype"] = context.policy.vllm["dtype"]
     if context.reference is not None:
         inputs["reference"] = context.reference.identity
     return {"stage": stage.name, "version": stage.version, "config": section, "inputs": inputs,

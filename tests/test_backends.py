@@ -9,6 +9,7 @@ from oarctl.config import load_config
 from oarctl.contract import Policy, StageContext
 from oarctl.errors import OarError
 from oarctl.policy import backends
+from oarctl.pipeline import STAGES
 from oarctl.runner import key_parts
 
 
@@ -84,6 +85,19 @@ def test_the_pipeline_gives_only_generating_stages_the_backend(tiny_policy):
     assert _stage_context("sample", config, 0, tiny_policy).policy.backend == "vllm"
     assert _stage_context("evaluate", config, 0, tiny_policy).policy.vllm["canary_tokens"] == 8
     assert _stage_context("update", config, 0, tiny_policy).policy.backend == "transformers"
+
+
+def test_the_dtype_the_engine_serves_is_in_the_sample_key(tiny_policy):
+    """Rollouts sampled by a bfloat16 engine (vLLM's own 'auto' on a float32 checkpoint, before the fix)
+    and by a float32 one differ: the resolved dtype keys them apart, 'auto' keys as the checkpoint's own."""
+    from oarctl.pipeline import _stage_context
+
+    def key_inputs(*overrides):
+        config = load_config(None, ["policy.backend=vllm", *overrides])
+        return key_parts(STAGES["sample"], {}, {}, _stage_context("sample", config, 0, tiny_policy))["inputs"]
+
+    assert key_inputs("vllm.dtype=auto")["engine_dtype"] == key_inputs("vllm.dtype=float32")["engine_dtype"]
+    assert key_inputs("vllm.dtype=bfloat16")["engine_dtype"] == "bfloat16" != key_inputs()["engine_dtype"]
 
 
 def test_auto_asks_the_engine_for_the_checkpoints_own_dtype(tmp_path):
