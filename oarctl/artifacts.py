@@ -111,11 +111,11 @@ GRADIENT_CHECK = pa.schema([               # `oarctl gradient-check`: one row pe
     ("method", pa.string()),               # attribution method (registry name); uniform first
     ("batches", pa.int32()),               # batches scored (both halves)
     ("cosine", pa.float64()),              # mean cos(batch gradient, reference: the other half's uniform gradient)
-    ("cosine_low", pa.float64()),          # its 95% Student-t interval over the batches
-    ("cosine_high", pa.float64()),
+    ("cosine_low", pa.float64()),          # lower end of its 95% Student-t interval over the batches
+    ("cosine_high", pa.float64()),         # upper end of that interval
     ("vs_uniform", pa.float64()),          # mean paired difference of cosines to uniform's, same batches
-    ("vs_uniform_low", pa.float64()),      # its 95% interval
-    ("vs_uniform_high", pa.float64()),
+    ("vs_uniform_low", pa.float64()),      # lower end of its 95% interval
+    ("vs_uniform_high", pa.float64()),     # upper end of that interval
     ("corrected_cosine", pa.float64()),    # cosine / cos(reference, true gradient): the reference's noise removed
     ("expected_cosine", pa.float64()),     # cos(the method's expected gradient, uniform's): ~1 where effective_batch holds
     ("grad_sq_norm", pa.float64()),        # mean squared norm of a batch gradient
