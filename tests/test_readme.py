@@ -1,5 +1,5 @@
 """The README is a front door that cannot go stale: at most 250 lines, and every figure in its credit
-table equal to the file a command wrote (`python bench/credit_gate.py` -> docs/results/credit-gate-local.md,
+table equal to the file a command wrote (`python bench/credit_gate.py` -> docs/results/credit-gate-local.md and credit-gate-baselines.md,
 `python scripts/ceiling.py` -> docs/results/credit-ceiling.md and credit-local-ceiling.md). A row whose
 figure is "—" claims nothing. Reads only the repository.
 """
@@ -12,7 +12,7 @@ README = ROOT / "README.md"
 RESULTS = ROOT / "docs" / "results"
 # README column -> (files that hold the figure, their column); a row's method names the file's row
 SOURCES = {
-    "AUC": (["credit-gate-local.md"], "AUC"),
+    "AUC": (["credit-gate-local.md", "credit-gate-baselines.md"], "AUC"),
     "attribute s": (["credit-gate-local.md"], "attribute s"),
     "vs GRPO": (["credit-ceiling.md", "credit-local-ceiling.md"], "- uniform (95% CI)"),
 }
@@ -78,5 +78,6 @@ def test_the_credit_table_figures_equal_the_files_commands_wrote():
 def test_a_figure_typed_by_hand_is_caught():
     rows = [{"method": "oar_flow_local", "AUC": "0.83", "attribute s": "4.8", "vs GRPO": NOT_CLAIMED},
             {"method": "nonexistent", "AUC": "0.9", "attribute s": NOT_CLAIMED, "vs GRPO": NOT_CLAIMED}]
-    assert stale_figures(rows) == ["oar_flow_local, AUC: README 0.83, credit-gate-local.md 0.825",
-                                   "nonexistent, AUC: README 0.9, credit-gate-local.md None"]
+    gate = "credit-gate-local.md / credit-gate-baselines.md"
+    assert stale_figures(rows) == [f"oar_flow_local, AUC: README 0.83, {gate} 0.825",
+                                   f"nonexistent, AUC: README 0.9, {gate} None"]
