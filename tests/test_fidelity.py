@@ -236,9 +236,11 @@ def test_cli_fidelity_pad_replacement_and_greedy_reference(cli, verified, tmp_pa
 
 
 @pytest.mark.parametrize("args, names", [
-    (["--methods", "oar_p,nope"], ["fidelity.methods", "'nope'"]),
+    (["--methods", "oar_p,nope"], ["--methods", "'nope'"]),  # the CLI's option table names the option
     (["--methods", " , "], ["--methods"]),
-    (["--sample", "0"], ["fidelity.sample"]),
+    (["--sample", "0"], ["--sample"]),
+    (["--set", "fidelity.methods=[oar_p, nope]"], ["fidelity.methods", "'nope'"]),  # the config names its key
+    (["--set", "fidelity.sample=0"], ["fidelity.sample"]),
     (["--set", "fidelity.ks=[0.1, 2]"], ["fidelity.ks"]),
     (["--set", "fidelity.replacement=unk"], ["fidelity.replacement"]),
 ])
