@@ -13,11 +13,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from oarctl.attribution import flow
 from oarctl.attribution import oar
 from oarctl.attribution.base import Rollout
+
+from tiny_models import float64_qwen2  # tests/tiny_models.py
 
 MODES = ["last", "answer_mean", "answer_joint"]
 VOCAB = 64
@@ -25,11 +26,7 @@ VOCAB = 64
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         initializer_range=0.3, tie_word_embeddings=True, pad_token_id=VOCAB - 1)
-    return Qwen2ForCausalLM(config).double().eval()
+    return float64_qwen2(VOCAB, VOCAB - 1)
 
 
 def item(prompt: int = 5, reasoning: int = 14, seed: int = 0):
