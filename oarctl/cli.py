@@ -355,7 +355,7 @@ def toy_prompts(output: Path = OutputOption, split: str = typer.Option("train", 
 @user_errors
 def toy_build(output: Path = typer.Option(None, "-o", "--output", help="default: the family's shipped policy folder"),
               seed: int = typer.Option(0, help="training seed"),
-              family: str = typer.Option("arithmetic", help="task family: arithmetic or chains"),
+              family: str = typer.Option("arithmetic", help="task family: arithmetic, chains or chains_wide"),
               state: Optional[Path] = typer.Option(None, help="save the training state here and resume from it"),
               time_limit: Optional[float] = typer.Option(None, help="with --state: pause after N seconds")):
     """Rebuild an embedded base policy by supervised warm start, with the recipe it shipped with

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 # vllm.canary_tokens may compare at most this many (config.validate).
 REFERENCE_TOKENS = 16
 SAVE_DTYPES = ("float32", "bfloat16", "float16")  # update.save_dtype
-TOY_FAMILIES = ("arithmetic", "chains")
+TOY_FAMILIES = ("arithmetic", "chains", "chains_wide")
 MC_OPTIONS = ("mc_samples", "mc_max_new_tokens", "mc_checker")
 
 def option(default, help: str):
@@ -47,8 +47,9 @@ class DataConfig:
                                       "seed are scored on the same problems (paired comparisons)")
     toy_levels: list = option([1, 2, 3, 4, 5], "difficulty levels of the generated problems (see oarctl/toy/task.py)")
     toy_family: str = option("arithmetic", "generated problems: arithmetic (oarctl/toy/task.py, data.toy_levels) "
-                                           "or chains (oarctl/toy/chains.py, data.chain_lengths; with token_truth)")
-    chain_lengths: list = option([4, 5, 6, 7, 8], "toy_family chains: computed steps per chain, mixed evenly (1..12)")
+                                           "or chains (oarctl/toy/chains.py, data.chain_lengths; with token_truth), "
+                                           "or chains_wide (chains with 5-6 distractor steps)")
+    chain_lengths: list = option([4, 5, 6, 7, 8], "toy_family chains or chains_wide: computed steps per chain, mixed evenly (1..12)")
     train_split: str = option("train", "split of a Hugging Face dataset named in data.train (or write name:split)")
     heldout_split: str = option("test", "split of a Hugging Face dataset named in data.heldout or evaluate.benchmarks")
     problem_column: str = option("problem", "column holding the problem text, or chat messages (at the default, "
@@ -64,7 +65,8 @@ class DataConfig:
 @dataclass
 class PolicyConfig:
     path: str = option("toy", "initial policy: 'toy' (embedded tiny model), 'toy-chains' (its sibling warm-started "
-                              "on the chains family) or a transformers model directory")
+                              "on the chains family), 'toy-chains-wide' (on chains_wide) or a transformers model "
+                              "directory")
     backend: str = option("transformers", "generation backend of sample/evaluate: transformers, vllm (settings in "
                                           "the vllm section), auto (vllm when CUDA and vllm are available)")
     device: str = option("cpu", "torch device of the policy")

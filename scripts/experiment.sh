@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/experiment}
+CONFIG=${CONFIG:-configs/chains.yaml}   # the world: configs/chains-wide.yaml is the wide chains world
 SEEDS=${SEEDS:-"0 1 2 3 4"}
 METHODS=${METHODS:-"uniform truth truth_q75 oar_g oar_p_span entropy random uniform_lr3x"}
 # more seeds for the question the world must answer (does the ceiling beat GRPO?), cheap methods only
@@ -27,7 +28,7 @@ OARCTL=${OARCTL:-oarctl}
 # A folder (committed) that keeps each finished run's metrics.jsonl and config.yaml: a later session, whose
 # clone has no runs/, takes them from there instead of training those runs again (docs/results.md)
 KEEP=${KEEP:-}
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 OUT STEPS PROMPTS HELDOUT EVAL_EVERY OARCTL KEEP
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 OUT CONFIG STEPS PROMPTS HELDOUT EVAL_EVERY OARCTL KEEP
 case " $METHODS " in *" uniform "*) ;; *) echo "METHODS must include uniform (the baseline of every pair)" >&2; exit 2 ;; esac
 mkdir -p "$OUT"
 
@@ -44,6 +45,7 @@ one_run() {  # METHOD SEED
   if finished "$run"; then echo "$method seed $seed: finished before"; return 0; fi
   case $method in
     truth_q75) extra=(--set attribute.method=truth --set reshape.quantile=0.75) ;;  # label 0 at the floor
+    truth_zero) extra=(--set attribute.method=truth --set reshape.quantile=0.75 --set reshape.floor=0) ;;  # label 0 weighs 0
     uniform_lr3x) extra=(--set attribute.method=uniform --set update.learning_rate=1.5e-3) ;;  # control: a bigger step
     # groups whose rewards are all equal have advantage 0: their weights change nothing, so the costly
     # methods do not score them (the same update, fewer perturbed forwards)
@@ -60,7 +62,7 @@ one_run() {  # METHOD SEED
       mkdir -p "$OUT/$method-s$seed/eval" && cp "$base/base.parquet" "$base/base.parquet.manifest.json" "$OUT/$method-s$seed/eval/"
     fi
   fi
-  "$OARCTL" run -c configs/chains.yaml --run-dir "$OUT/$method-s$seed" --steps "$STEPS" \
+  "$OARCTL" run -c "$CONFIG" --run-dir "$OUT/$method-s$seed" --steps "$STEPS" \
     --set run.seed="$seed" --set run.progress=false --set run.eval_every="$EVAL_EVERY" \
     --set policy.threads=1 --set sample.prompts_per_step="$PROMPTS" \
     --set update.mini_batch_size=$((PROMPTS * 8)) --set update.micro_batch_size=$((PROMPTS * 8 < 64 ? PROMPTS * 8 : 64)) \
@@ -98,7 +100,7 @@ last=$(printf 'step_%04d' $((STEPS - 1))); previous=$(printf 'step_%04d' $((STEP
 if [ ! -f "$OUT/uniform-s$first/$last/verified.parquet" ]; then  # a kept run holds its metrics only
   echo "fidelity: skipped ($OUT/uniform-s$first has no step folders: it was taken from KEEP)"; exit 0
 fi
-"$OARCTL" fidelity "$OUT/uniform-s$first/$last/verified.parquet" -c configs/chains.yaml -o "$OUT/fidelity.parquet" \
+"$OARCTL" fidelity "$OUT/uniform-s$first/$last/verified.parquet" -c "$CONFIG" -o "$OUT/fidelity.parquet" \
   --policy "$OUT/uniform-s$first/$previous/policy" --sample "$FIDELITY_SAMPLE" \
   --methods "$FIDELITY_METHODS" \
   --set fidelity.max_new_tokens=224 --set policy.threads="$PARALLEL"

@@ -197,6 +197,38 @@ def test_labels_of_generated_solutions_match_their_structure(tokenizer):
                 assert ones == 0
 
 
+def test_wide_world_has_five_or_six_distractors_and_free_labels_for_all(tokenizer):
+    """chains_wide (data.toy_family): chains of 4-6 and five or six distractor steps off the start, each
+    labelled free; its solutions fit the shipped model's budget."""
+    from oarctl.toy.families import iter_problems
+    from oarctl.toy.pretrain import MAX_NEW_TOKENS, MAX_POSITIONS, _encode
+
+    counts = set()
+    for item in itertools.islice(iter_problems("chains_wide", 3, chains.WIDE_LENGTHS), 200):
+        problem = chains.parse_problem(item["problem"])
+        distractors = [d for d in problem.definitions if d.name in chains.DISTRACTOR_NAMES]
+        assert all(d.parent == "a" for d in distractors) and item["level"] in chains.WIDE_LENGTHS
+        counts.add(len(distractors))
+        labels = truth.character_labels(problem, item["solution"])
+        for segment in truth.parse_response(item["solution"]):
+            if segment.kind == "step" and segment.name in chains.DISTRACTOR_NAMES:
+                assert 1 not in labels[segment.start:segment.end]
+        prompt, response = _encode(tokenizer, item)
+        assert len(response) <= MAX_NEW_TOKENS["chains_wide"]
+        assert len(prompt) + len(response) <= MAX_POSITIONS["chains_wide"]
+    assert counts == set(chains.WIDE_DISTRACTORS)
+
+
+def test_default_stream_is_the_one_the_shipped_policy_and_kept_runs_used():
+    """The chains stream of seed 0 hashes as it did before the wide world's knobs were added: the
+    shipped base policy and the kept runs in docs/results/ were drawn from it."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(_items(200), sort_keys=True).encode()).hexdigest()
+    assert digest == "5e33bd395cf3c3dabdc348e46de9846065517380e4e4c0c4c6979b42e64e23a4"
+
+
 def test_random_strings_never_crash_the_parser():
     rng = random.Random(0)
     alphabet = "abcxyz0123456789+-=. \\boxed{}so"

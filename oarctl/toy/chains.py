@@ -2,7 +2,8 @@
 
 A problem defines a chain of variables, each the previous one plus or minus a digit, and two or
 three *distractors* (x, y, z) computed from the same start value but feeding nothing; it asks for
-the chain's last variable:
+the chain's last variable (the `chains_wide` family: five or six distractors, x..u, chains of 4-6,
+so that about half the steps are ones the answer ignores):
 
     problem   a=34, b=a+7, x=a+3, c=b-5, d=c+8, y=a-6, e=d-2. Find e.
     solution  find e. so y=34-6=28. x=3+34=37. b=7+34=41. then c=41-5=36. next d=36+8=44. e=44-2=42. \\boxed{42}
@@ -41,9 +42,12 @@ from typing import Iterable, Iterator
 from oarctl.errors import OarError
 
 CHAIN_NAMES = "abcdefghijklm"  # a is the given start value; b.. the computed chain
-DISTRACTOR_NAMES = "xyz"
+DISTRACTOR_NAMES = "xyzwvu"  # the first three are the default world's; the wide world uses all six
+DEFAULT_DISTRACTORS = (2, 3)  # fewest, most distractor steps a problem has
+WIDE_DISTRACTORS = (5, 6)  # `chains_wide`: about as many steps the answer ignores as steps it needs
 MAX_LENGTH = len(CHAIN_NAMES) - 1
 DEFAULT_LENGTHS: tuple[int, ...] = (4, 5, 6, 7, 8)
+WIDE_LENGTHS: tuple[int, ...] = (4, 5, 6)  # shorter chains keep the wide world's solutions within 224 tokens
 FILLERS = ("", "so ", "then ", "now ", "next ", "and ")
 LOW, HIGH = 10, 99  # every value stays two-digit
 
@@ -125,8 +129,8 @@ def _step_op(rng: random.Random, value: int) -> tuple[str, int]:
     return op, digit
 
 
-def draw_problem(length: int, rng: random.Random) -> ChainProblem:
-    """A chain of `length` computed steps and two or three distractors off the start value a."""
+def draw_problem(length: int, rng: random.Random, distractors: tuple[int, int] = DEFAULT_DISTRACTORS) -> ChainProblem:
+    """A chain of `length` computed steps and `distractors` (fewest, most) steps off the start value a."""
     values = {"a": rng.randint(LOW, HIGH)}
     definitions = [Definition("a", None, None, values["a"])]
     for index in range(1, length + 1):
@@ -134,7 +138,7 @@ def draw_problem(length: int, rng: random.Random) -> ChainProblem:
         op, digit = _step_op(rng, values[parent])
         values[name] = apply(values[parent], op, digit)
         definitions.append(Definition(name, parent, op, digit))
-    for name in DISTRACTOR_NAMES[:rng.randint(2, len(DISTRACTOR_NAMES))]:
+    for name in DISTRACTOR_NAMES[:rng.randint(*distractors)]:
         op, digit = _step_op(rng, values["a"])
         definitions.insert(rng.randint(1, len(definitions)), Definition(name, "a", op, digit))
     return ChainProblem(tuple(definitions), CHAIN_NAMES[length])
@@ -172,15 +176,21 @@ def _rng(seed: int) -> random.Random:
     return random.Random(f"oarctl-chains-{seed}")  # str seed: stable across Python versions
 
 
-def draw(length: int, rng: random.Random) -> dict:
+def draw(length: int, rng: random.Random, distractors: tuple[int, int] = DEFAULT_DISTRACTORS) -> dict:
     """One problem as the toy task's dicts: problem, answer, solution, level (= chain length)."""
-    problem = draw_problem(length, rng)
+    problem = draw_problem(length, rng, distractors)
     return {"problem": problem.text, "answer": str(problem.values()[problem.query]),
             "solution": write_solution(problem, rng), "level": length}
 
 
-def iter_problems(seed: int, lengths: tuple[int, ...] = DEFAULT_LENGTHS) -> Iterator[dict]:
+def iter_problems(seed: int, lengths: tuple[int, ...] = DEFAULT_LENGTHS,
+                  distractors: tuple[int, int] = DEFAULT_DISTRACTORS) -> Iterator[dict]:
     """Endless seeded stream of chain problems (repeats possible), lengths mixed uniformly."""
     lengths, rng = check_lengths(lengths), _rng(seed)
     while True:
-        yield draw(rng.choice(lengths), rng)
+        yield draw(rng.choice(lengths), rng, distractors)
+
+
+def iter_wide_problems(seed: int, lengths: tuple[int, ...] = WIDE_LENGTHS) -> Iterator[dict]:
+    """The `chains_wide` world: five or six distractor steps, chains of 4-6 (docs/testbed.md)."""
+    return iter_problems(seed, lengths, WIDE_DISTRACTORS)

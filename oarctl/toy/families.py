@@ -5,8 +5,11 @@ from typing import Iterator
 
 from oarctl.toy import chains, task
 
-FAMILIES = {"arithmetic": task.iter_problems, "chains": chains.iter_problems}
-DEFAULT_LEVELS = {"arithmetic": task.DEFAULT_LEVELS, "chains": chains.DEFAULT_LENGTHS}
+FAMILIES = {"arithmetic": task.iter_problems, "chains": chains.iter_problems,
+            "chains_wide": chains.iter_wide_problems}
+DEFAULT_LEVELS = {"arithmetic": task.DEFAULT_LEVELS, "chains": chains.DEFAULT_LENGTHS,
+                  "chains_wide": chains.WIDE_LENGTHS}
+CHAIN_FAMILIES = ("chains", "chains_wide")  # their levels are data.chain_lengths; they carry token_truth
 
 
 def iter_problems(family: str, seed: int, levels) -> Iterator[dict]:
@@ -15,5 +18,5 @@ def iter_problems(family: str, seed: int, levels) -> Iterator[dict]:
 
 
 def configured_levels(data_config) -> list[int]:
-    """The levels the data section asks for: data.toy_levels, or data.chain_lengths for chains."""
-    return data_config.chain_lengths if data_config.toy_family == "chains" else data_config.toy_levels
+    """The levels the data section asks for: data.toy_levels, or data.chain_lengths for the chains families."""
+    return data_config.chain_lengths if data_config.toy_family in CHAIN_FAMILIES else data_config.toy_levels

@@ -41,10 +41,11 @@ RECIPES = {
     "chains": {"max_steps": 4000, "eval_every": 100, "target_band": (0.1, 0.3), "lr": 3e-3, "batch_size": 32,
                "hidden_size": 96, "num_layers": 3, "n_heldout": 128, "eval_samples": 2, "threads": 1},
 }
+RECIPES["chains_wide"] = RECIPES["chains"]  # the same model and schedule, on the wide world's problems
 LOG_EVERY = 25  # training loss lines between evaluations
 HELDOUT_SEED_OFFSET = 1_000  # held-out problems come from seed + this, minus the train problems
-MAX_NEW_TOKENS = {"arithmetic": 48, "chains": 224}  # longest solution plus eos: ~40 / ~190 tokens
-MAX_POSITIONS = {"arithmetic": 256, "chains": 384}  # prompt + longest solution fits
+MAX_NEW_TOKENS = {"arithmetic": 48, "chains": 224, "chains_wide": 224}  # longest solution + eos: ~40 / ~190 / ~210
+MAX_POSITIONS = {"arithmetic": 256, "chains": 384, "chains_wide": 384}  # prompt + longest solution fits
 
 
 def _encode(tokenizer, item: dict) -> tuple[list[int], list[int]]:
