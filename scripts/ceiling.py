@@ -4,6 +4,7 @@
     python scripts/ceiling.py runs/credit --sesoi 1.0 --baseline uniform --ceiling truth
     python scripts/ceiling.py runs/credit-local --ceiling none    # no ceiling among the runs
     python scripts/ceiling.py docs/results/credit --allow-mixed   # kept runs made before provenance was recorded
+    python scripts/ceiling.py runs/screen --seeds 100-109         # one seed set -> runs/screen/ceiling-s100-109.md
 
 Reads OUT/<method>-s<seed>/{config.yaml,metrics.jsonl} and takes the on-policy accuracy of each run (the
 mean training reward over steps >= 1, as `oarctl compare`). A run counts once it has finished: its metrics
@@ -216,15 +217,33 @@ def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str | None
     return "\n".join(lines) + "\n"
 
 
-def analyse(out: Path, baseline: str, ceiling: str | None, sesoi: float, allow_mixed: bool) -> str:
-    """The report of OUT's finished runs, after checking they share machine and versions; its last line
-    says on what they ran."""
+def seed_set(text: str) -> set[int]:
+    """`100-109` or `100,103,107` (or both, comma-separated) -> the seeds."""
+    seeds: set[int] = set()
+    try:
+        for part in filter(None, text.split(",")):
+            first, _, last = part.partition("-")
+            seeds |= set(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise Refused(f"--seeds: expected FIRST-LAST or a comma-separated list of seeds, got {text!r}") from None
+    if not seeds:
+        raise Refused(f"--seeds: no seed in {text!r}")
+    return seeds
+
+
+def analyse(out: Path, baseline: str, ceiling: str | None, sesoi: float, allow_mixed: bool,
+            seeds: set[int] | None = None) -> str:
+    """The report of OUT's finished runs (of `seeds` only, when given), after checking they share machine
+    and versions; its last line says on what they ran."""
     from oarctl.errors import OarError
     from oarctl.provenance import check_runs
 
     if not out.is_dir():
         raise Refused(f"{out}: not a directory")
     found = collect(out)
+    if seeds is not None:
+        found = {method: {seed: run for seed, run in by_seed.items() if seed in seeds} for method, by_seed in found.items()}
+        found = {method: by_seed for method, by_seed in found.items() if by_seed}
     accuracies = {method: {seed: value for seed, (value, _) in by_seed.items()} for method, by_seed in found.items()}
     text = report(accuracies, baseline, ceiling, sesoi)
     seeds = set.intersection(*(set(by_seed) for by_seed in found.values()))
@@ -244,16 +263,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sesoi", type=float, default=1.0, help="smallest effect of interest, points")
     parser.add_argument("--allow-mixed", action="store_true",
                         help="analyse runs whose machine or versions differ or were not recorded (refused otherwise)")
+    parser.add_argument("--seeds", default=None, help="only these seeds (FIRST-LAST or a comma-separated list); the "
+                                                      "report goes to ceiling-sSEEDS.md")
     args = parser.parse_args(argv)
     try:
+        seeds = None if args.seeds is None else seed_set(args.seeds)
         text = analyse(args.out, args.baseline, None if args.ceiling == "none" else args.ceiling, args.sesoi,
-                       args.allow_mixed)
+                       args.allow_mixed, seeds)
     except Refused as error:
         sys.stderr.write(f"error: {error}\n")
         raise SystemExit(2) from None
     from oarctl.artifacts import write_bytes_atomically
 
-    write_bytes_atomically(args.out / "ceiling.md", text)
+    name = "ceiling.md" if args.seeds is None else f"ceiling-s{args.seeds.replace(',', '_')}.md"
+    write_bytes_atomically(args.out / name, text)
     sys.stdout.write(text)
 
 

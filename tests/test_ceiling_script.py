@@ -171,3 +171,20 @@ def test_runs_of_another_machine_are_refused_unless_allow_mixed(tmp_path, ceilin
     for seed in (0, 1):
         write_run(tmp_path / f"late-s{seed}", [0.0, 0.5], provenance=None)  # no provenance at all: unknown
     assert "recorded no provenance" in run_here(ceiling, tmp_path, "--allow-mixed").stdout
+
+
+def test_seeds_restricts_the_analysis_to_one_seed_set(tmp_path, ceiling):
+    """--seeds 1-3 analyses seeds 1..3 only and writes ceiling-s1-3.md; seeds 4-5 tell another story."""
+    for seed in range(1, 6):
+        gain = 0.1 if seed <= 3 else -0.1 + 0.01 * seed  # set 1-3: +10 points; set 4-5: about -5.5
+        write_run(tmp_path / f"uniform-s{seed}", [0.3, 0.4, 0.5 + 0.01 * seed])
+        write_run(tmp_path / f"truth-s{seed}", [0.3, 0.4 + gain, 0.5 + 0.01 * seed + gain])
+    first = run_here(ceiling, tmp_path, "--seeds", "1-3", "--ceiling", "none")
+    assert first.returncode == 0 and first.stdout.startswith("seeds with every method finished: 3 (1, 2, 3)")
+    assert rows_of(first.stdout)["truth"].startswith("| truth | 56.0 | +10.00 [+10.00, +10.00] |")
+    assert (tmp_path / "ceiling-s1-3.md").read_text() == first.stdout and not (tmp_path / "ceiling.md").exists()
+    second = run_here(ceiling, tmp_path, "--seeds", "4,5", "--ceiling", "none")
+    assert second.returncode == 0 and second.stdout.startswith("seeds with every method finished: 2 (4, 5)")
+    assert rows_of(second.stdout)["truth"].startswith("| truth | 41.8 | -5.50 [-11.85, +0.85] |")
+    bad = run_here(ceiling, tmp_path, "--seeds", "one-two")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --seeds: expected FIRST-LAST")
