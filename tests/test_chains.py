@@ -259,7 +259,9 @@ def test_chains_pretrain_paused_and_resumed_equals_one_run(tmp_path):
     assert first.keys() == second.keys() and all(first[k].equal(second[k]) for k in first)
 
 
-def test_shipped_chains_policy_is_right_sometimes_and_reproducible_from_its_command():
+@pytest.mark.parametrize("name, family, lengths", [("toy-chains", "chains", chains.DEFAULT_LENGTHS),
+                                                    ("toy-chains-wide", "chains_wide", chains.WIDE_LENGTHS)])
+def test_shipped_chains_policy_is_right_sometimes_and_reproducible_from_its_command(name, family, lengths):
     """The committed checkpoint loads offline, was chosen inside its band, greedy-solves some held-out
     chains but not most, and records the command (with the recipe `oarctl toy build` uses)."""
     import json
@@ -269,16 +271,16 @@ def test_shipped_chains_policy_is_right_sometimes_and_reproducible_from_its_comm
     from oarctl.toy import base_policy_dir
     from oarctl.toy.pretrain import MAX_NEW_TOKENS, RECIPES, evaluate, heldout_problems
 
-    path = base_policy_dir("toy-chains")
+    path = base_policy_dir(name)
     meta = json.loads((path / "base_policy.json").read_text())
-    assert meta["in_band"] and meta["family"] == "chains"
-    recipe = RECIPES["chains"]
+    assert meta["in_band"] and meta["family"] == family and f"--family {family} " in meta["command"]
+    recipe = RECIPES[family]
     for flag, value in (("--lr", recipe["lr"]), ("--hidden", recipe["hidden_size"]), ("--eval-every",
                                                                                         recipe["eval_every"])):
         assert f"{flag} {value}" in meta["command"]
     tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
-    problems = heldout_problems("chains", 99, chains.DEFAULT_LENGTHS, 32, set())
-    greedy = evaluate(model, tok, problems, temperature=0.0, max_new_tokens=MAX_NEW_TOKENS["chains"])
+    problems = heldout_problems(family, 99, lengths, 32, set())
+    greedy = evaluate(model, tok, problems, temperature=0.0, max_new_tokens=MAX_NEW_TOKENS[family])
     assert 0.05 < greedy["accuracy"] < 0.8
 
 
