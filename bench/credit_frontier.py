@@ -59,6 +59,23 @@ def plottable(point: dict) -> bool:
     return all(v is not None and not math.isnan(v) for v in (point["effective_batch"], point["cost_vs_sampling"]))
 
 
+def _number_points(figure, axes, points: list[dict], numbers: dict[str, int]) -> None:
+    """Each point gets its method's number; points within a few pixels of each other share one label
+    ("3,7"), so no two labels print over each other where cheap methods crowd."""
+    figure.canvas.draw()  # fixes the axes' transform
+    clusters: list[tuple] = []  # (display x, display y, data point, numbers)
+    for p in points:
+        x, y = axes.transData.transform((p["cost_vs_sampling"], p["effective_batch"]))
+        near = next((c for c in clusters if abs(c[0] - x) < 30 and abs(c[1] - y) < 9), None)
+        if near:
+            near[3].append(numbers[p["method"]])
+        else:
+            clusters.append((x, y, (p["cost_vs_sampling"], p["effective_batch"]), [numbers[p["method"]]]))
+    for _, _, xy, found in clusters:
+        axes.annotate(",".join(str(n) for n in sorted(found)), xy, xytext=(4, 3), textcoords="offset points",
+                      fontsize=7)
+
+
 def draw(policies: dict[str, list[dict]], title: str) -> bytes:
     """The PNG bytes: one panel per policy, the break-even line, the target corner, labelled points."""
     import matplotlib
@@ -66,7 +83,7 @@ def draw(policies: dict[str, list[dict]], title: str) -> bytes:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    figure, panels = plt.subplots(1, len(policies), figsize=(5.2 * len(policies), 4.4), sharey=True, squeeze=False)
+    figure, panels = plt.subplots(1, len(policies), figsize=(5.2 * len(policies), 5.6), sharey=True, squeeze=False)
     shown = [p for ps in policies.values() for p in ps if plottable(p)]
     right = max([TARGET_COST * 2] + [p["cost_vs_sampling"] for p in shown]) * 1.3
     top = max([TARGET_BATCH + 0.3] + [p["effective_batch"] for p in shown]) + 0.1
@@ -77,27 +94,26 @@ def draw(policies: dict[str, list[dict]], title: str) -> bytes:
         axes.fill_between([0, TARGET_COST], TARGET_BATCH, top, color="tab:green", alpha=0.12,
                           label="target: >= 1.2x at <= 0.2x")
         axes.axhline(1, color="grey", linestyle="--", linewidth=0.8)
-        drawn = sorted(filter(plottable, points), key=lambda p: p["effective_batch"])
-        label_y = -math.inf  # labels of near-zero-cost points go in a column, in the order of their points
-        for point in drawn:
+        for point in filter(plottable, points):
             better = shown_better(point)
-            x, y = point["cost_vs_sampling"], point["effective_batch"]
-            axes.plot(x, y, MARKERS.get(policy, "D"), color="tab:blue" if better else "tab:red",
-                      markerfacecolor=None if better else "none")
-            if x < 0.05:
-                label_y = max(y, label_y + 0.03 * (top - bottom))
-                axes.annotate(point["method"], (x, y), xytext=(0.06, label_y), fontsize=7, va="center",
-                              arrowprops=dict(arrowstyle="-", linewidth=0.5, color="grey"))
-            else:
-                axes.annotate(point["method"], (x, y), fontsize=7, xytext=(5, 3), textcoords="offset points")
+            axes.plot(point["cost_vs_sampling"], point["effective_batch"], MARKERS.get(policy, "D"),
+                      color="tab:blue" if better else "tab:red", markerfacecolor=None if better else "none")
         axes.set_xscale("symlog", linthresh=0.1)  # the cheap methods crowd near 0; the costly ones reach 2x and more
         axes.set(xlim=(0, right), ylim=(bottom, top), xlabel="credit seconds / sampling seconds (same rollouts)",
                  title=f"{policy} policy")
         axes.grid(alpha=0.3)
     panels[0][0].set_ylabel("effective batch vs uniform (x)")
+    numbers: dict[str, int] = {}
+    for p in (p for ps in policies.values() for p in ps):
+        numbers.setdefault(p["method"], len(numbers) + 1)
+    figure.tight_layout(rect=(0, 0.1 + 0.035 * (len(numbers) // 6), 1, 0.95))
+    for axes, points in zip(panels[0], policies.values()):
+        _number_points(figure, axes, [p for p in points if plottable(p)], numbers)
+    key = [f"{n} {m}" for m, n in numbers.items()]
+    figure.text(0.02, 0.02, "\n".join("    ".join(key[i:i + 6]) for i in range(0, len(key), 6)), fontsize=7,
+                va="bottom", family="monospace")
     panels[0][0].legend(fontsize=7, loc="upper right")
     figure.suptitle(title + "   (filled: vs uniform 95% interval above 0)", fontsize=9)
-    figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=120, metadata={"Software": None})  # no version stamp: same bytes
     plt.close(figure)
