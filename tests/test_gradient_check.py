@@ -191,3 +191,37 @@ def test_a_pool_without_its_sample_manifest_has_no_cost_unless_given(cli, pool, 
     assert cli(*args, "--sample-seconds", "10").exit_code == 0
     rows = pq.read_table(output).to_pylist()
     assert [r["cost_vs_sampling"] for r in rows] == pytest.approx([r["seconds"] / 10 for r in rows])
+
+
+@pytest.mark.parametrize("method", ["entropy_mask", "ktae", "entropy"])
+def test_each_method_is_reshaped_by_its_own_rule_as_the_reshape_stage_does(pool, method):
+    """The bench's token advantages are the credit rule's: TRL's mask keeps A_i on some tokens and 0 on
+    the others, KTAE adds its key values to A_i, entropy goes through Bi-Level (never exactly 0 there)."""
+    from pathlib import Path
+
+    from oarctl.artifacts import read_artifact
+    from oarctl.attribution.base import segment_rows
+    from oarctl.contract import Policy, StageContext
+    from oarctl.credit_rules import token_credit
+    from oarctl.gradient_check.credit import pool_advantages, token_scores
+
+    folder, config_path = pool
+    config = load_config(config_path)
+    table = read_artifact(folder / "verified.parquet", "verified")
+    policy = Policy(Path(config.policy.path), config.policy.device)
+    rollouts = segment_rows(table, policy.load()[1])
+    context = StageContext(seed=0, step=0, policy=policy, progress=False)
+    per_token, _ = pool_advantages(method, table, rollouts, config, context)
+    rewards = np.asarray(table["reward"].to_pylist())
+    advantages = grpo(rewards, dense_groups(table["prompt_id"].to_pylist()), scale="group")
+    scores = token_scores(method, table, rollouts, config.attribute, context)
+    spans = [r.segments.reasoning for r in rollouts]
+    _, expected = token_credit(method, list(zip(scores, spans)), advantages, config.reshape)
+    assert all(np.allclose(a, e) for a, e in zip(per_token, expected))
+    mixed = [(np.asarray(t), a) for t, a in zip(per_token, advantages) if a != 0]
+    assert mixed  # the pool has groups whose rewards differ
+    zeroed = sum(int(np.sum(t == 0)) for t, _ in mixed)
+    if method == "entropy_mask":
+        assert zeroed > 0 and all(np.all((t == 0) | np.isclose(t, a)) for t, a in mixed)
+    elif method == "entropy":
+        assert zeroed == 0

@@ -4,9 +4,10 @@ the disjoint batches the bench scores, and the seconds the sample stage spent on
 Reads a verified table (segmented like the attribute stage does) and the config's attribute and reshape
 sections; writes nothing. Attribution goes through the registry (rows chosen by
 `attribute.skip_uniform_groups` as the stage chooses them, the others NaN); reshaping is the stage's:
-the estimator registry's sequence advantage, `reshaping.batch_response_weights` on the reasoning span,
-`advantages.token_advantages`. So the Bi-Level knobs (`--set reshape.quantile=...`) reach the bench as
-they reach a run.
+the estimator registry's sequence advantage, then the method's credit rule (`credit_rules.token_credit`:
+Bi-Level weights for OAR and the controls, TRL's mask for entropy_mask, KTAE's additive rule). So the
+Bi-Level knobs (`--set reshape.quantile=...`) reach the bench as they reach a run. One difference: the
+entropy_mask rule thresholds the whole pool's entropies at once, where a run thresholds each step's batch.
 """
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from oarctl.advantages import ADVANTAGE_ESTIMATORS, token_advantages
+from oarctl.advantages import ADVANTAGE_ESTIMATORS
 from oarctl.attribution import ATTRIBUTION_METHODS
 from oarctl.attribution.rows import rows_to_score
+from oarctl.credit_rules import token_credit
 from oarctl.errors import OarError
-from oarctl.reshaping import batch_response_weights
 
 
 def dense_groups(prompt_ids: list[str]) -> np.ndarray:
@@ -52,9 +53,8 @@ def pool_advantages(method: str, table, rollouts, config, context) -> tuple[list
     groups = dense_groups(table["prompt_id"].to_pylist())
     advantages = ADVANTAGE_ESTIMATORS.get(section.estimator)(rewards, groups, scale=section.scale, eps=section.eps)
     spans = [r.segments.reasoning for r in rollouts]
-    weights = batch_response_weights(list(zip(scores, spans)), section)
-    per_token = [token_advantages(float(a), w).tolist() for a, w in zip(advantages, weights)]
-    return per_token, time.perf_counter() - started
+    _, per_token = token_credit(method, list(zip(scores, spans)), advantages, section)
+    return [np.asarray(t).tolist() for t in per_token], time.perf_counter() - started
 
 
 def prompt_batches(prompt_ids: list[str], batch_prompts: int, seed: int, path: Path) -> list[list[list[int]]]:
