@@ -29,7 +29,7 @@ def test_plot_and_table_of_two_policies(tmp_path, capsys):
     assert main(["--base", str(base), str(part), "--trained", str(trained), "-o", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line
-            for line in capsys.readouterr().out.splitlines() if line.startswith("| base") or line.startswith("| trained")}
+            for line in capsys.readouterr().out.splitlines() if line.startswith(("| base", "| trained"))}
     # pays: effective batch - 1 >= cost; shown better: the interval's low end above 0
     assert rows[("base", "cheap")].endswith("| yes | yes |")
     assert rows[("base", "dear")].endswith("| no | yes |")
