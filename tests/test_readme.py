@@ -1,6 +1,7 @@
 """The README is a front door that cannot go stale: at most 250 lines, and every figure in its credit
 table equal to the file a command wrote (`python bench/credit_gate.py` -> docs/results/credit-gate-local.md and credit-gate-baselines.md,
-`python scripts/ceiling.py` -> docs/results/credit-ceiling.md and credit-local-ceiling.md). A row whose
+`python scripts/ceiling.py` -> docs/results/credit-ceiling.md and credit-local-ceiling.md, `oarctl gradient-check`
+-> docs/results/gradient-check-base.md and gradient-check-trained.md). A row whose
 figure is "—" claims nothing. Reads only the repository.
 """
 from __future__ import annotations
@@ -15,6 +16,8 @@ SOURCES = {
     "AUC": (["credit-gate-local.md", "credit-gate-baselines.md"], "AUC"),
     "attribute s": (["credit-gate-local.md"], "attribute s"),
     "vs GRPO": (["credit-ceiling.md", "credit-local-ceiling.md"], "- uniform (95% CI)"),
+    "gradient, base": (["gradient-check-base.md"], "vs uniform [95% CI]"),
+    "gradient, trained": (["gradient-check-trained.md"], "vs uniform [95% CI]"),
 }
 NOT_CLAIMED = "—"
 
