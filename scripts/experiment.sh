@@ -47,6 +47,9 @@ one_run() {  # METHOD SEED
     truth_q75) extra=(--set attribute.method=truth --set reshape.quantile=0.75) ;;  # label 0 at the floor
     truth_zero) extra=(--set attribute.method=truth --set reshape.quantile=0.75 --set reshape.floor=0) ;;  # label 0 weighs 0
     uniform_lr3x) extra=(--set attribute.method=uniform --set update.learning_rate=1.5e-3) ;;  # control: a bigger step
+    # positive control of known size: plain GRPO on 1.5x the responses a step, still one optimizer step
+    uniform_1.5x) extra=(--set attribute.method=uniform --set sample.prompts_per_step=$((PROMPTS * 3 / 2))
+                         --set update.mini_batch_size=$((PROMPTS * 12))) ;;
     # groups whose rewards are all equal have advantage 0: their weights change nothing, so the costly
     # methods do not score them (the same update, fewer perturbed forwards)
     oar_flow|oar_flow_span|oar_flow_local|oar_p_span|oar_p) extra=(--set attribute.method="$method" --set attribute.skip_uniform_groups=true) ;;

@@ -53,3 +53,29 @@ def test_tiny_experiment_pairs_seeds_on_one_heldout_set(tmp_path):
     assert "| truth | 2 |" in (out / "compare.md").read_text()
     cost = table.split("Seconds per step by stage")[1]
     assert "| uniform |" in cost and "| truth |" in cost
+
+
+def test_the_samples_control_runs_grpo_on_one_and_a_half_times_the_responses(tmp_path):
+    """`uniform_1.5x` (issue 40's positive control): plain GRPO with 1.5x the prompts a step, all of its
+    responses in one optimizer step. A stand-in oarctl records each call; its --set overrides come after the
+    experiment's defaults, so they are the ones the config keeps (later overrides win)."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "oarctl"
+    fake.write_text(  # `run`: write a finished run's metrics; anything else: do nothing
+        '#!/usr/bin/env bash\necho "$*" >> "' + str(calls) + '"\n'
+        'if [ "$1" = run ]; then while [ $# -gt 0 ]; do [ "$1" = --run-dir ] && dir=$2; shift; done\n'
+        '  mkdir -p "$dir" && echo \'{"kind": "eval", "after_steps": 2, "eval/avg@1": 0.5}\' > "$dir/metrics.jsonl"; echo done; fi\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "exp"), "OARCTL": str(fake), "SEEDS": "7",
+           "METHODS": "uniform uniform_1.5x", "CEILING_SEEDS": "", "STEPS": "2", "PROMPTS": "24"}
+    result = subprocess.run(["bash", str(REPO / "scripts" / "experiment.sh")], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    run = next(line.split() for line in calls.read_text().splitlines() if "uniform_1.5x-s7" in line)
+    overrides = [run[i + 1] for i, word in enumerate(run) if word == "--set"]
+
+    def last(key: str) -> str:
+        return [o for o in overrides if o.startswith(key + "=")][-1].split("=", 1)[1]
+
+    assert last("sample.prompts_per_step") == "36" and last("update.mini_batch_size") == "288"
+    assert last("attribute.method") == "uniform" and last("run.seed") == "7"
