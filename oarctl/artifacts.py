@@ -120,6 +120,7 @@ GRADIENT_CHECK = pa.schema([               # `oarctl gradient-check`: one row pe
     ("expected_cosine", pa.float64()),     # cos(the method's expected gradient, uniform's): ~1 where effective_batch holds
     ("grad_sq_norm", pa.float64()),        # mean squared norm of a batch gradient
     ("effective_batch", pa.float64()),     # (1/c_uniform^2 - 1) / (1/c^2 - 1), c corrected: uniform batches it is worth
+    ("effective_batch_split", pa.float64()),  # the same, c = cosine / sqrt(cos(R_A, R_B)): the steadier with a weak signal
     ("seconds", pa.float64()),             # measured: the method's attribution + reshaping of the pool
     ("cost_vs_sampling", pa.float64()),    # seconds / the sample stage's seconds for the pool (NaN: unknown)
     ("pays", pa.bool_()),                  # effective_batch - 1 >= cost_vs_sampling (null: unknown)

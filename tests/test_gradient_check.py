@@ -74,6 +74,9 @@ def test_shrinking_the_tokens_the_reward_does_not_depend_on_raises_the_cosine(ha
     assert row["misplaced"]["vs_uniform_high"] < 0
     assert row["focused"]["effective_batch"] > 1 > row["misplaced"]["effective_batch"]  # 0 if no signal at all
     assert row["uniform"]["vs_uniform"] == 0 and row["uniform"]["effective_batch"] == pytest.approx(1)
+    # the split-half estimate (the reference's noise from cos(R_A, R_B)) orders them the same way
+    assert row["focused"]["effective_batch_split"] > 1 > row["misplaced"]["effective_batch_split"]
+    assert row["uniform"]["effective_batch_split"] == pytest.approx(1)
     assert row["focused"]["grad_sq_norm"] < row["uniform"]["grad_sq_norm"]  # less noise, the same expectation
     assert checks["ratio_mean"] == pytest.approx(1, abs=1e-4) and checks["clip_fraction"] == 0
 

@@ -98,6 +98,7 @@ def _header(path: Path, policy_path: Path, rows: int, halves, size: int, samplin
             f"- the update's loss at the stored log-probs: ratio mean {checks['ratio_mean']:.4f}, clip fraction "
             f"{checks['clip_fraction']:.4f} (1 and 0 when the policy sampled the pool)",
             "- effective batch = (1/c_uniform^2 - 1) / (1/c^2 - 1), c the corrected cosine; it assumes the method's "
-            "expected gradient points along the true one (expected cosine ~1)",
+            "expected gradient points along the true one (expected cosine ~1); split-half: the same with "
+            "c = cosine / sqrt(cos(R_A, R_B)), the steadier estimate when uniform's expected cosine is far from 1",
             "- sampling: " + (f"{seconds:.1f} s ({source})" if not math.isnan(seconds) else
                               f"unknown ({source}; give --sample-seconds)")]

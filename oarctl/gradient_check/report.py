@@ -14,9 +14,13 @@ def _number(value, digits: int = 3, signed: bool = False) -> str:
     return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
 
 
+def _times(value: float) -> str:
+    return _number(value, 2) + ("x" if not math.isnan(value) else "")
+
+
 def markdown(columns: dict, header: list[str]) -> str:
     names = ["method", "cosine [95% CI]", "vs uniform [95% CI]", "corrected", "expected cosine",
-             "effective batch", "|g|^2", "seconds", "cost vs sampling", "pays"]
+             "effective batch", "split-half", "|g|^2", "seconds", "cost vs sampling", "pays"]
     lines = [*header, "", "| " + " | ".join(names) + " |", "|---|" + "---:|" * (len(names) - 1)]
     for i, method in enumerate(columns["method"]):
         c = {name: values[i] for name, values in columns.items()}
@@ -26,7 +30,7 @@ def markdown(columns: dict, header: list[str]) -> str:
         pays = "n/a" if c["pays"] is None else ("yes" if c["pays"] else "no")
         cells = [method, f"{_number(c['cosine'])} [{_number(c['cosine_low'])}, {_number(c['cosine_high'])}]",
                  difference, _number(c["corrected_cosine"]), _number(c["expected_cosine"]),
-                 _number(c["effective_batch"], 2) + ("x" if not math.isnan(c["effective_batch"]) else ""),
+                 _times(c["effective_batch"]), _times(c["effective_batch_split"]),
                  f"{c['grad_sq_norm']:.4g}", f"{c['seconds']:.1f}", _number(c["cost_vs_sampling"], 2), pays]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -15,6 +15,11 @@ true (expected uniform) policy gradient, the noises independent (no shared sampl
 - `expected_cosine` checks that: <mu_m, mu> / (|mu_m| |mu|), <mu_m, mu> estimated by the mean <g, R>. It is
   a ratio of unbiased estimates, so it can exceed 1 by noise; well below 1, the method's expected gradient
   is bent off the true one and `effective_batch` overstates it.
+- `effective_batch_split`: the same ratio with the reference's noise taken from the two references instead
+  of from pairs of batches: cos(R_A, R_B) ~ cos(R, mu)^2 (independent noises of equal size), so
+  c = cosine / sqrt(cos(R_A, R_B)). One measured dot product of two half-pool gradients, where |mu|^2 rests on
+  K (K - 1) batch pairs: with few batches a half, or a small signal, the pair estimate is the noisier one
+  (uniform's `expected_cosine` far from 1 says so), and this column is the one to read.
 """
 from __future__ import annotations
 
@@ -67,6 +72,8 @@ def summarise(scores, sums, methods: list[str]) -> dict[str, list]:
     reference_cosines = np.array([math.sqrt(mu / s.reference_squared_norm) if mu > 0 else math.nan
                                   for s in by_method["uniform"]])
     corrected = {m: float(np.mean(cosines[m] / reference_cosines)) for m in methods}
+    cross = reference_checks(scores, sums)["references_cosine"]
+    split = {m: float(np.mean(cosines[m])) / math.sqrt(cross) if cross > 0 else math.nan for m in methods}
     columns = defaultdict(list)
     for method in methods:
         cosine, differences = cosines[method], cosines[method] - cosines["uniform"]
@@ -78,7 +85,8 @@ def summarise(scores, sums, methods: list[str]) -> dict[str, list]:
                   "corrected_cosine": corrected[method],
                   "expected_cosine": mean_dot / math.sqrt(signal * mu) if signal > 0 and mu > 0 else math.nan,
                   "grad_sq_norm": float(np.mean([s.squared_norm for s in by_method[method]])),
-                  "effective_batch": _effective(corrected["uniform"], corrected[method])}
+                  "effective_batch": _effective(corrected["uniform"], corrected[method]),
+                  "effective_batch_split": _effective(split["uniform"], split[method])}
         for name, value in values.items():
             columns[name].append(value)
     return dict(columns)
