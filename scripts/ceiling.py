@@ -5,6 +5,7 @@
     python scripts/ceiling.py runs/credit-local --ceiling none    # no ceiling among the runs
     python scripts/ceiling.py docs/results/credit --allow-mixed   # kept runs made before provenance was recorded
     python scripts/ceiling.py runs/screen --seeds 100-109         # one seed set -> runs/screen/ceiling-s100-109.md
+    python scripts/ceiling.py runs/credit --figures               # + forest.png and curves.png beside ceiling.md
 
 Reads OUT/<method>-s<seed>/{config.yaml,metrics.jsonl} and takes the on-policy accuracy of each run (the
 mean training reward over steps >= 1, as `oarctl compare`). A run counts once it has finished: its metrics
@@ -22,6 +23,10 @@ config.yaml and the stage manifests record them); runs that differ, or recorded 
   that may be nothing says nothing;
 - the equivalence test against the baseline (two one-sided t-tests at 5%): equivalent when the 90%
   interval lies inside [-SESOI, +SESOI].
+- with a ceiling, the half-ceiling contrast (method - baseline) - 0.5 x (ceiling - baseline), paired by seed:
+  above 0, the method captured more than half of the ceiling.
+--figures also writes forest[-sSEEDS].png (each method's paired difference to the baseline with its 95%
+interval) and curves[-sSEEDS].png (the mean training reward per step of each method, 95% band over seeds).
 Errors (no such folder, a run without config.yaml, too few seeds, refused provenance) are one line,
 `error: ...`, exit code 2.
 """
@@ -211,6 +216,11 @@ def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str | None
             lines.append(f"| {method} | {values[method].mean():.1f} | — | — | — | — | {zero} | — | — |")
             continue
         lines.append(_row(values, method, baseline, ceiling, reported, sesoi))
+    if ceiling and len(values) > 2:
+        lines += ["", f"half-ceiling contrast, (method - {baseline}) - 0.5 x ({ceiling} - {baseline}), points (95% CI):"]
+        for method in sorted(set(values) - {baseline, ceiling}):
+            mean, low, high = paired(values[method] - values[baseline] - 0.5 * (values[ceiling] - values[baseline]), 0.95)
+            lines.append(f"- {method}: {mean:+.2f} [{low:+.2f}, {high:+.2f}]")
     if "truth_shuffled" in values and ceiling in values:
         mean, low, high = paired(values[ceiling] - values["truth_shuffled"], 0.95)
         lines += ["", f"{ceiling} - truth_shuffled: {mean:+.2f} [{low:+.2f}, {high:+.2f}] points (95% CI)"]
@@ -240,10 +250,7 @@ def analyse(out: Path, baseline: str, ceiling: str | None, sesoi: float, allow_m
 
     if not out.is_dir():
         raise Refused(f"{out}: not a directory")
-    found = collect(out)
-    if seeds is not None:
-        found = {method: {seed: run for seed, run in by_seed.items() if seed in seeds} for method, by_seed in found.items()}
-        found = {method: by_seed for method, by_seed in found.items() if by_seed}
+    found = finished_runs(out, seeds)
     accuracies = {method: {seed: value for seed, (value, _) in by_seed.items()} for method, by_seed in found.items()}
     text = report(accuracies, baseline, ceiling, sesoi)
     seeds = set.intersection(*(set(by_seed) for by_seed in found.values()))
@@ -253,6 +260,96 @@ def analyse(out: Path, baseline: str, ceiling: str | None, sesoi: float, allow_m
     except OarError as error:
         raise Refused(str(error)) from None
     return text + f"\n{where}\n"
+
+
+def finished_runs(out: Path, seeds: set[int] | None = None) -> dict[str, dict[int, tuple[float, Path]]]:
+    """collect(out), of `seeds` only when given (methods left without a run dropped)."""
+    found = {method: {seed: run for seed, run in by_seed.items() if seeds is None or seed in seeds}
+             for method, by_seed in collect(out).items()}
+    return {method: by_seed for method, by_seed in found.items() if by_seed}
+
+
+def counted_runs(out: Path, seeds: set[int] | None = None) -> dict[str, dict[int, Path]]:
+    """{method: {seed: run folder}} of the finished runs the analysis counts (seeds where every method finished)."""
+    found = finished_runs(out, seeds)
+    common = set.intersection(*(set(by_seed) for by_seed in found.values()))
+    return {method: {seed: by_seed[seed][1] for seed in sorted(common)} for method, by_seed in found.items()}
+
+
+def _reward_curves(runs: dict[str, dict[int, Path]]) -> dict[str, np.ndarray]:
+    """{method: (seeds, steps) training reward in points}, the seeds in the same order for every method."""
+    from oarctl.report.run_report import read_metrics
+
+    curves = {}
+    for method, by_seed in runs.items():
+        per_seed = []
+        for path in by_seed.values():
+            rewards = {x["step"]: x["verify/reward_mean"] for x in read_metrics(path) if x.get("kind") == "step"}
+            per_seed.append([100 * rewards[step] for step in range(configured_steps(path))])
+        curves[method] = np.array(per_seed)
+    return curves
+
+
+def _png(figure) -> bytes:
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120, metadata={"Software": None})  # no version stamp: same bytes
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def _forest(curves: dict[str, np.ndarray], baseline: str) -> bytes:
+    """Each method's paired difference to the baseline in on-policy accuracy (steps >= 1), 95% interval."""
+    import matplotlib.pyplot as plt
+
+    accuracy = {m: curve[:, 1:].mean(axis=1) for m, curve in curves.items()}
+    others = sorted(set(curves) - {baseline})
+    means, lows, highs = zip(*(paired(accuracy[m] - accuracy[baseline], 0.95) for m in others))
+    figure, axes = plt.subplots(figsize=(6.5, 0.5 * len(others) + 1.6))
+    axes.errorbar(means, range(len(others)), xerr=[np.subtract(means, lows), np.subtract(highs, means)], fmt="o",
+                  capsize=3)
+    axes.axvline(0, color="grey", linestyle="--", linewidth=1)
+    axes.set(yticks=range(len(others)), yticklabels=others, title=f"paired differences, {len(accuracy[baseline])} seeds",
+             xlabel=f"on-policy accuracy - {baseline}, points (95% CI)")
+    axes.invert_yaxis()
+    axes.grid(alpha=0.3, axis="x")
+    figure.tight_layout()
+    return _png(figure)
+
+
+def _curves(curves: dict[str, np.ndarray]) -> bytes:
+    """The mean training reward per step of each method, with a 95% Student-t band over seeds."""
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.5, 4))
+    for method, curve in sorted(curves.items()):
+        n, steps = curve.shape
+        mean = curve.mean(axis=0)
+        half = t_quantile(0.975, n - 1) * curve.std(axis=0, ddof=1) / np.sqrt(n)
+        axes.plot(range(steps), mean, label=method)
+        axes.fill_between(range(steps), mean - half, mean + half, alpha=0.2)
+    axes.set(xlabel="step", ylabel="training reward, % (mean, 95% band over seeds)", title=f"{n} seeds")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    return _png(figure)
+
+
+def figures(out: Path, baseline: str, suffix: str, seeds: set[int] | None = None) -> list[Path]:
+    """forest{suffix}.png and curves{suffix}.png in `out`, of the runs the analysis counted; their paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+
+    from oarctl.artifacts import write_bytes_atomically
+
+    curves = _reward_curves(counted_runs(out, seeds))
+    written = {out / f"forest{suffix}.png": _forest(curves, baseline), out / f"curves{suffix}.png": _curves(curves)}
+    for path, data in written.items():
+        write_bytes_atomically(path, data)
+    return list(written)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -265,6 +362,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="analyse runs whose machine or versions differ or were not recorded (refused otherwise)")
     parser.add_argument("--seeds", default=None, help="only these seeds (FIRST-LAST or a comma-separated list); the "
                                                       "report goes to ceiling-sSEEDS.md")
+    parser.add_argument("--figures", action="store_true", help="also write forest[-sSEEDS].png and curves[-sSEEDS].png")
     args = parser.parse_args(argv)
     try:
         seeds = None if args.seeds is None else seed_set(args.seeds)
@@ -275,9 +373,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     from oarctl.artifacts import write_bytes_atomically
 
-    name = "ceiling.md" if args.seeds is None else f"ceiling-s{args.seeds.replace(',', '_')}.md"
-    write_bytes_atomically(args.out / name, text)
+    suffix = "" if args.seeds is None else f"-s{args.seeds.replace(',', '_')}"
+    write_bytes_atomically(args.out / f"ceiling{suffix}.md", text)
     sys.stdout.write(text)
+    if args.figures:
+        for path in figures(args.out, args.baseline, suffix, seeds):
+            sys.stdout.write(f"wrote {path}\n")
 
 
 if __name__ == "__main__":

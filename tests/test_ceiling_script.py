@@ -188,3 +188,26 @@ def test_seeds_restricts_the_analysis_to_one_seed_set(tmp_path, ceiling):
     assert rows_of(second.stdout)["truth"].startswith("| truth | 41.8 | -5.50 [-11.85, +0.85] |")
     bad = run_here(ceiling, tmp_path, "--seeds", "one-two")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --seeds: expected FIRST-LAST")
+
+
+def test_the_half_ceiling_contrast_and_the_figures(tmp_path, ceiling):
+    """(method - uniform) - 0.5 (truth - uniform) paired by seed: 0 for a method at exactly half the ceiling,
+    -2.5 for one at uniform when the ceiling is +5; --figures writes the forest plot and the curves as PNGs,
+    the same bytes each time."""
+    for seed, value in enumerate([0.4, 0.5, 0.45]):
+        write_run(tmp_path / f"uniform-s{seed}", [0.0, value])
+        write_run(tmp_path / f"truth-s{seed}", [0.0, value + 0.04 + 0.01 * seed])  # +4, +5, +6
+        write_run(tmp_path / f"half-s{seed}", [0.0, value + (0.04 + 0.01 * seed) / 2])
+        write_run(tmp_path / f"same-s{seed}", [0.0, value])
+    result = run_here(ceiling, tmp_path, "--figures")
+    assert result.returncode == 0, result.stderr
+    assert "half-ceiling contrast, (method - uniform) - 0.5 x (truth - uniform)" in result.stdout
+    half = re.search(r"^- half: (\S+) \[(\S+), (\S+)\]$", result.stdout, re.M)
+    assert half and all(abs(float(x)) < 1e-9 for x in half.groups())  # float rounding may print -0.00
+    assert "- same: -2.50 [-3.74, -1.26]" in result.stdout  # -2, -2.5, -3
+    forest, curves = tmp_path / "forest.png", tmp_path / "curves.png"
+    assert f"wrote {forest}" in result.stdout and f"wrote {curves}" in result.stdout
+    first = forest.read_bytes(), curves.read_bytes()
+    assert all(data.startswith(b"\x89PNG") for data in first)
+    assert run_here(ceiling, tmp_path, "--figures").returncode == 0
+    assert (forest.read_bytes(), curves.read_bytes()) == first
