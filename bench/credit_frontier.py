@@ -15,7 +15,6 @@ too: it is the origin every method is measured from. Prints the table it plotted
 from __future__ import annotations
 
 import argparse
-import io
 import math
 import sys
 from pathlib import Path
@@ -83,6 +82,8 @@ def draw(policies: dict[str, list[dict]], title: str) -> bytes:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from oarctl.report.plots import figure_png
+
     figure, panels = plt.subplots(1, len(policies), figsize=(5.2 * len(policies), 5.6), sharey=True, squeeze=False)
     shown = [p for ps in policies.values() for p in ps if plottable(p)]
     right = max([TARGET_COST * 2] + [p["cost_vs_sampling"] for p in shown]) * 1.3
@@ -114,10 +115,7 @@ def draw(policies: dict[str, list[dict]], title: str) -> bytes:
                 va="bottom", family="monospace")
     panels[0][0].legend(fontsize=7, loc="upper right")
     figure.suptitle(title + "   (filled: vs uniform 95% interval above 0)", fontsize=9)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=120, metadata={"Software": None})  # no version stamp: same bytes
-    plt.close(figure)
-    return buffer.getvalue()
+    return figure_png(figure)
 
 
 def table_text(policies: dict[str, list[dict]]) -> str:

@@ -242,9 +242,10 @@ def seed_set(text: str) -> set[int]:
 
 
 def analyse(out: Path, baseline: str, ceiling: str | None, sesoi: float, allow_mixed: bool,
-            seeds: set[int] | None = None) -> str:
+            seeds: set[int] | None = None) -> tuple[str, dict[str, dict[int, Path]]]:
     """The report of OUT's finished runs (of `seeds` only, when given), after checking they share machine
-    and versions; its last line says on what they ran."""
+    and versions (its last line says on what they ran), and the runs it counted: {method: {seed: folder}},
+    the seeds where every method finished."""
     from oarctl.errors import OarError
     from oarctl.provenance import check_runs
 
@@ -253,13 +254,13 @@ def analyse(out: Path, baseline: str, ceiling: str | None, sesoi: float, allow_m
     found = finished_runs(out, seeds)
     accuracies = {method: {seed: value for seed, (value, _) in by_seed.items()} for method, by_seed in found.items()}
     text = report(accuracies, baseline, ceiling, sesoi)
-    seeds = set.intersection(*(set(by_seed) for by_seed in found.values()))
-    counted = [path for by_seed in found.values() for seed, (_, path) in sorted(by_seed.items()) if seed in seeds]
+    common = sorted(set.intersection(*(set(by_seed) for by_seed in found.values())))
+    counted = {method: {seed: by_seed[seed][1] for seed in common} for method, by_seed in found.items()}
     try:
-        where = check_runs(counted, allow_mixed)
+        where = check_runs([path for by_seed in counted.values() for path in by_seed.values()], allow_mixed)
     except OarError as error:
         raise Refused(str(error)) from None
-    return text + f"\n{where}\n"
+    return text + f"\n{where}\n", counted
 
 
 def finished_runs(out: Path, seeds: set[int] | None = None) -> dict[str, dict[int, tuple[float, Path]]]:
@@ -267,13 +268,6 @@ def finished_runs(out: Path, seeds: set[int] | None = None) -> dict[str, dict[in
     found = {method: {seed: run for seed, run in by_seed.items() if seeds is None or seed in seeds}
              for method, by_seed in collect(out).items()}
     return {method: by_seed for method, by_seed in found.items() if by_seed}
-
-
-def counted_runs(out: Path, seeds: set[int] | None = None) -> dict[str, dict[int, Path]]:
-    """{method: {seed: run folder}} of the finished runs the analysis counts (seeds where every method finished)."""
-    found = finished_runs(out, seeds)
-    common = set.intersection(*(set(by_seed) for by_seed in found.values()))
-    return {method: {seed: by_seed[seed][1] for seed in sorted(common)} for method, by_seed in found.items()}
 
 
 def _reward_curves(runs: dict[str, dict[int, Path]]) -> dict[str, np.ndarray]:
@@ -290,20 +284,11 @@ def _reward_curves(runs: dict[str, dict[int, Path]]) -> dict[str, np.ndarray]:
     return curves
 
 
-def _png(figure) -> bytes:
-    import io
-
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=120, metadata={"Software": None})  # no version stamp: same bytes
-    plt.close(figure)
-    return buffer.getvalue()
-
-
 def _forest(curves: dict[str, np.ndarray], baseline: str) -> bytes:
     """Each method's paired difference to the baseline in on-policy accuracy (steps >= 1), 95% interval."""
     import matplotlib.pyplot as plt
+
+    from oarctl.report.plots import figure_png
 
     accuracy = {m: curve[:, 1:].mean(axis=1) for m, curve in curves.items()}
     others = sorted(set(curves) - {baseline})
@@ -317,12 +302,14 @@ def _forest(curves: dict[str, np.ndarray], baseline: str) -> bytes:
     axes.invert_yaxis()
     axes.grid(alpha=0.3, axis="x")
     figure.tight_layout()
-    return _png(figure)
+    return figure_png(figure)
 
 
 def _curves(curves: dict[str, np.ndarray]) -> bytes:
     """The mean training reward per step of each method, with a 95% Student-t band over seeds."""
     import matplotlib.pyplot as plt
+
+    from oarctl.report.plots import figure_png
 
     figure, axes = plt.subplots(figsize=(6.5, 4))
     for method, curve in sorted(curves.items()):
@@ -335,17 +322,17 @@ def _curves(curves: dict[str, np.ndarray]) -> bytes:
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()
-    return _png(figure)
+    return figure_png(figure)
 
 
-def figures(out: Path, baseline: str, suffix: str, seeds: set[int] | None = None) -> list[Path]:
+def figures(out: Path, counted: dict[str, dict[int, Path]], baseline: str, suffix: str) -> list[Path]:
     """forest{suffix}.png and curves{suffix}.png in `out`, of the runs the analysis counted; their paths."""
     import matplotlib
     matplotlib.use("Agg")
 
     from oarctl.artifacts import write_bytes_atomically
 
-    curves = _reward_curves(counted_runs(out, seeds))
+    curves = _reward_curves(counted)
     written = {out / f"forest{suffix}.png": _forest(curves, baseline), out / f"curves{suffix}.png": _curves(curves)}
     for path, data in written.items():
         write_bytes_atomically(path, data)
@@ -366,8 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         seeds = None if args.seeds is None else seed_set(args.seeds)
-        text = analyse(args.out, args.baseline, None if args.ceiling == "none" else args.ceiling, args.sesoi,
-                       args.allow_mixed, seeds)
+        ceiling = None if args.ceiling == "none" else args.ceiling
+        text, counted = analyse(args.out, args.baseline, ceiling, args.sesoi, args.allow_mixed, seeds)
     except Refused as error:
         sys.stderr.write(f"error: {error}\n")
         raise SystemExit(2) from None
@@ -377,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     write_bytes_atomically(args.out / f"ceiling{suffix}.md", text)
     sys.stdout.write(text)
     if args.figures:
-        for path in figures(args.out, args.baseline, suffix, seeds):
+        for path in figures(args.out, counted, args.baseline, suffix):
             sys.stdout.write(f"wrote {path}\n")
 
 

@@ -67,7 +67,8 @@ def test_shrinking_the_tokens_the_reward_does_not_depend_on_raises_the_cosine(ha
     model, tokenizer, table, advantages, halves, update = handmade
     scores, sums, checks = gradients.measure(model, tokenizer.pad_token_id, update, table, advantages, halves,
                                              log=lambda _: None)
-    columns = summary.summarise(scores, sums, list(advantages))
+    columns = summary.summarise(scores, sums, list(advantages),
+                                summary.reference_checks(scores, sums)["references_cosine"])
     row = {method: {name: values[i] for name, values in columns.items()} for i, method in enumerate(columns["method"])}
     assert row["uniform"]["batches"] == 2 * (PROMPTS // 2 // BATCH_PROMPTS)
     assert row["focused"]["vs_uniform_low"] > 0  # the interval of the paired difference is above 0

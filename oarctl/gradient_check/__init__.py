@@ -73,12 +73,13 @@ def run_gradient_check(verified_path: Path, output: Path, config, policy_path: P
         log(f"[gradient-check] credit {method}: {elapsed:.1f} s")
     scores, sums, checks = gradients.measure(model, tokenizer.pad_token_id, config.update, table, advantages,
                                              halves, log)
-    columns = summary.summarise(scores, sums, methods)
+    references = summary.reference_checks(scores, sums)
+    columns = summary.summarise(scores, sums, methods, references["references_cosine"])
     sampling, source = (sample_seconds, "--sample-seconds") if sample_seconds else credit.sample_seconds(verified_path)
     columns.update(summary.cost_columns(seconds, sampling, columns["effective_batch"]))
     write_parquet(make_table(columns, "gradient_check"), output)
     header = _header(verified_path, policy_path, table.num_rows, halves, size, (sampling, source),
-                     {**checks, **summary.reference_checks(scores, sums)})
+                     {**checks, **references})
     text = report.markdown(columns, header)
     write_bytes_atomically(output.with_suffix(".md"), text)
     report.plot(columns, output.with_suffix(".png"), f"{len(halves[0]) * 2} batches of {size} prompts")

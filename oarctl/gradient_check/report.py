@@ -38,11 +38,11 @@ def markdown(columns: dict, header: list[str]) -> str:
 
 def plot(columns: dict, path: Path, title: str) -> None:
     """Cosine per method with its interval (matplotlib imported here: `oarctl --help` stays fast)."""
-    import io
-
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from oarctl.report.plots import figure_png
 
     methods = columns["method"]
     means = columns["cosine"]
@@ -57,7 +57,4 @@ def plot(columns: dict, path: Path, title: str) -> None:
     axes.grid(alpha=0.3, axis="x")
     axes.legend()
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=120, metadata={"Software": None})  # no version stamp: same bytes
-    plt.close(figure)
-    write_bytes_atomically(path, buffer.getvalue())
+    write_bytes_atomically(path, figure_png(figure))

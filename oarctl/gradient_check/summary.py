@@ -62,8 +62,9 @@ def _effective(uniform: float, method: float) -> float:
     return 0.0 if method <= 0 else (1 / uniform ** 2 - 1) / (1 / method ** 2 - 1)
 
 
-def summarise(scores, sums, methods: list[str]) -> dict[str, list]:
-    """The table's columns (without the cost columns), one row per method in `methods` order."""
+def summarise(scores, sums, methods: list[str], references_cosine: float) -> dict[str, list]:
+    """The table's columns (without the cost columns), one row per method in `methods` order;
+    `references_cosine` is reference_checks(scores, sums)'s cos(R_A, R_B)."""
     by_method = defaultdict(list)
     for score in sorted(scores, key=lambda s: (s.half, s.batch)):
         by_method[score.method].append(score)
@@ -72,8 +73,8 @@ def summarise(scores, sums, methods: list[str]) -> dict[str, list]:
     reference_cosines = np.array([math.sqrt(mu / s.reference_squared_norm) if mu > 0 else math.nan
                                   for s in by_method["uniform"]])
     corrected = {m: float(np.mean(cosines[m] / reference_cosines)) for m in methods}
-    cross = reference_checks(scores, sums)["references_cosine"]
-    split = {m: float(np.mean(cosines[m])) / math.sqrt(cross) if cross > 0 else math.nan for m in methods}
+    split = {m: float(np.mean(cosines[m])) / math.sqrt(references_cosine) if references_cosine > 0 else math.nan
+             for m in methods}
     columns = defaultdict(list)
     for method in methods:
         cosine, differences = cosines[method], cosines[method] - cosines["uniform"]

@@ -24,11 +24,17 @@ def _style(axes, title: str, xlabel: str) -> None:
     axes.grid(alpha=0.3)
 
 
-def _png(figure) -> bytes:
+def figure_png(figure, dpi: int = 120, **savefig) -> bytes:
+    """The figure as PNG bytes, then closed. No version stamp in the file: the same figure drawn by another
+    matplotlib gives the same bytes, so a committed PNG changes only when its picture does."""
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": None}, **savefig)
     _pyplot().close(figure)
     return buffer.getvalue()
+
+
+def _png(figure) -> bytes:
+    return figure_png(figure, dpi=100, bbox_inches="tight")
 
 
 def curve_png(title: str, series: dict[str, tuple[list, list]], xlabel: str = "step") -> bytes:
