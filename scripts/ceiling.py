@@ -6,6 +6,7 @@
     python scripts/ceiling.py docs/results/credit --allow-mixed   # kept runs made before provenance was recorded
     python scripts/ceiling.py runs/screen --seeds 100-109         # one seed set -> runs/screen/ceiling-s100-109.md
     python scripts/ceiling.py runs/credit --figures               # + forest.png and curves.png beside ceiling.md
+    python scripts/ceiling.py runs/credit --metric heldout_greedy # -> ceiling-heldout_greedy.md
 
 Reads OUT/<method>-s<seed>/{config.yaml,metrics.jsonl} and takes the on-policy accuracy of each run (the
 mean training reward over steps >= 1, as `oarctl compare`). A run counts once it has finished: its metrics
@@ -25,6 +26,10 @@ config.yaml and the stage manifests record them); runs that differ, or recorded 
   interval lies inside [-SESOI, +SESOI].
 - with a ceiling, the half-ceiling contrast (method - baseline) - 0.5 x (ceiling - baseline), paired by seed:
   above 0, the method captured more than half of the ceiling.
+--metric scores a run by something else than its on-policy accuracy (the same table and tests):
+heldout_greedy / heldout_sampled, the held-out accuracy after the last step (eval greedy_accuracy / avg@k);
+equal_time, the on-policy accuracy over the steps that fit in the baseline's wall-clock (at_equal_time says
+how; the seconds come from the runs' manifests or their kept seconds.json, scripts/keep_seconds.py).
 --figures also writes forest[-sSEEDS].png (each method's paired difference to the baseline with its 95%
 interval) and curves[-sSEEDS].png (the mean training reward per step of each method, 95% band over seeds).
 Errors (no such folder, a run without config.yaml, too few seeds, refused provenance) are one line,
@@ -40,6 +45,9 @@ from pathlib import Path
 import numpy as np
 
 RUN = re.compile(r"^(?P<method>.+)-s(?P<seed>\d+)$")
+# --metric: what a run is scored by (the column's name)
+METRICS = {"on_policy": "on-policy accuracy", "heldout_greedy": "held-out greedy accuracy",
+           "heldout_sampled": "held-out sampled accuracy", "equal_time": "on-policy accuracy at equal time"}
 
 
 class Refused(Exception):
@@ -89,6 +97,76 @@ def collect(out: Path) -> dict[str, dict[int, tuple[float, Path]]]:
         if value is not None:
             runs.setdefault(match["method"], {})[int(match["seed"])] = (value, path)
     return runs
+
+
+def heldout(run_dir: Path, sampled: bool) -> float | None:
+    """The held-out accuracy after the run's last step, greedy or sampled (eval avg@k), or None when the
+    run has not finished or its final evaluation did not record it."""
+    from oarctl.report.run_report import read_metrics, sampled_key
+
+    if on_policy(run_dir) is None:
+        return None
+    lines, steps = read_metrics(run_dir), configured_steps(run_dir)
+    key = sampled_key(lines) if sampled else "eval/greedy_accuracy"
+    final = [x for x in lines if x.get("kind") == "eval" and x.get("after_steps") == steps and key in x]
+    return float(final[-1][key]) if final else None
+
+
+def seconds_a_step(run_dir: Path) -> float:
+    """The run's wall seconds per step, every stage, from its step folders' manifests or its kept seconds.json."""
+    from oarctl.report.compare import STAGE_OUTPUTS, step_stage_seconds
+
+    steps = step_stage_seconds(run_dir)[:configured_steps(run_dir)]
+    if len(steps) < configured_steps(run_dir) or any(set(step) != set(STAGE_OUTPUTS) for step in steps):
+        raise Refused(f"{run_dir}: no stage seconds for each of its {configured_steps(run_dir)} steps "
+                      f"(scripts/keep_seconds.py keeps them beside a kept run)")
+    return sum(sum(step.values()) for step in steps) / len(steps)
+
+
+def at_equal_time(found: dict[str, dict[int, tuple[float, Path]]], baseline: str) -> tuple[dict, list[str]]:
+    """Each run's on-policy accuracy over the steps whose policy the baseline's wall-clock reaches, and the
+    lines that say how. A method's price is the median over its runs of seconds a step; the policy of
+    step i exists after i steps, so the baseline's last scored policy (step S-1) comes after (S-1) x its
+    price, and a method costing c a step gets steps 1 .. k = floor((S-1) x c_baseline / c), at most S-1
+    (a cheaper method has no steps beyond its run's)."""
+    from oarctl.report.compare import on_policy_accuracy
+    from oarctl.report.run_report import read_metrics
+
+    if baseline not in found:
+        raise Refused(f"no finished run of {baseline!r}")
+    price = {method: float(np.median([seconds_a_step(path) for _, path in by_seed.values()]))
+             for method, by_seed in found.items()}
+    last = {configured_steps(path) - 1 for by_seed in found.values() for _, path in by_seed.values()}
+    if len(last) != 1:
+        raise Refused(f"--metric equal_time: the runs were configured for different step counts ({sorted(last)})")
+    last = last.pop()
+    lines = [f"equal time: {baseline}'s last scored policy (step {last}) comes after {last} x "
+             f"{price[baseline]:.1f} s; each method counts the steps that fit (seconds a step, median over its runs):"]
+    values = {}
+    for method, by_seed in sorted(found.items()):
+        steps = min(last, int(last * price[baseline] / price[method]))
+        if steps < 1:
+            raise Refused(f"--metric equal_time: {method} reaches no step in {baseline}'s time")
+        lines.append(f"- {method}: {price[method]:.1f} s a step, steps 1-{steps}"
+                     + (" (capped: its runs have no later steps)" if steps == last and price[method] < price[baseline]
+                        else ""))
+        values[method] = {seed: (on_policy_accuracy([x for x in read_metrics(path)
+                                                     if x.get("kind") != "step" or x.get("step") <= steps]), path)
+                          for seed, (_, path) in by_seed.items()}
+    return values, lines + [""]
+
+
+def scored(found: dict[str, dict[int, tuple[float, Path]]], metric: str, baseline: str) -> tuple[dict, list[str]]:
+    """The finished runs scored by `metric` instead of their on-policy accuracy (runs without it dropped), and
+    the lines that explain the score."""
+    if metric == "on_policy":
+        return found, []
+    if metric == "equal_time":
+        return at_equal_time(found, baseline)
+    values = {method: {seed: (heldout(path, metric == "heldout_sampled"), path) for seed, (_, path) in by_seed.items()}
+              for method, by_seed in found.items()}
+    return {method: {seed: run for seed, run in by_seed.items() if run[0] is not None}
+            for method, by_seed in values.items()}, []
 
 
 def t_quantile(probability: float, degrees: int) -> float:
@@ -195,7 +273,8 @@ def _ceiling_line(values: dict, baseline: str, ceiling: str | None) -> tuple[lis
     return [line, ""], reported
 
 
-def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str | None, sesoi: float) -> str:
+def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str | None, sesoi: float,
+           label: str = METRICS["on_policy"]) -> str:
     """The table; `ceiling` None leaves out the fraction of the ceiling (a dash in its column)."""
     for name in (baseline, ceiling) if ceiling else (baseline,):
         if name not in runs:
@@ -207,7 +286,7 @@ def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str | None
     values = {m: 100 * np.array([by_seed[s] for s in seeds]) for m, by_seed in runs.items()}  # points
     ceiling_lines, reported = _ceiling_line(values, baseline, ceiling)
     lines = [f"seeds with every method finished: {len(seeds)} ({', '.join(map(str, seeds))})", "", *ceiling_lines,
-             f"| method | on-policy accuracy | - {baseline}: mean (95% CI) | Hodges-Lehmann | Wilcoxon p | seeds won | "
+             f"| method | {label} | - {baseline}: mean (95% CI) | Hodges-Lehmann | Wilcoxon p | seeds won | "
              f"fraction of the ceiling (95% bootstrap) | 90% CI | equivalent within +-{sesoi:g} |",
              "|---|---:|---|---:|---:|---:|---|---|---|"]
     for method in sorted(values):
@@ -242,7 +321,7 @@ def seed_set(text: str) -> set[int]:
 
 
 def analyse(out: Path, baseline: str, ceiling: str | None, sesoi: float, allow_mixed: bool,
-            seeds: set[int] | None = None) -> tuple[str, dict[str, dict[int, Path]]]:
+            seeds: set[int] | None = None, metric: str = "on_policy") -> tuple[str, dict[str, dict[int, Path]]]:
     """The report of OUT's finished runs (of `seeds` only, when given), after checking they share machine
     and versions (its last line says on what they ran), and the runs it counted: {method: {seed: folder}},
     the seeds where every method finished."""
@@ -251,9 +330,9 @@ def analyse(out: Path, baseline: str, ceiling: str | None, sesoi: float, allow_m
 
     if not out.is_dir():
         raise Refused(f"{out}: not a directory")
-    found = finished_runs(out, seeds)
+    found, notes = scored(finished_runs(out, seeds), metric, baseline)
     accuracies = {method: {seed: value for seed, (value, _) in by_seed.items()} for method, by_seed in found.items()}
-    text = report(accuracies, baseline, ceiling, sesoi)
+    text = "\n".join(notes) + report(accuracies, baseline, ceiling, sesoi, METRICS[metric])
     common = sorted(set.intersection(*(set(by_seed) for by_seed in found.values())))
     counted = {method: {seed: by_seed[seed][1] for seed in common} for method, by_seed in found.items()}
     try:
@@ -350,18 +429,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default=None, help="only these seeds (FIRST-LAST or a comma-separated list); the "
                                                       "report goes to ceiling-sSEEDS.md")
     parser.add_argument("--figures", action="store_true", help="also write forest[-sSEEDS].png and curves[-sSEEDS].png")
+    parser.add_argument("--metric", choices=METRICS, default="on_policy",
+                        help="what a run is scored by; other than on_policy the report goes to ceiling[-sSEEDS]-METRIC.md")
     args = parser.parse_args(argv)
     try:
+        if args.figures and args.metric != "on_policy":
+            raise Refused("--figures draws the on-policy accuracy: run it without --metric")
         seeds = None if args.seeds is None else seed_set(args.seeds)
         ceiling = None if args.ceiling == "none" else args.ceiling
-        text, counted = analyse(args.out, args.baseline, ceiling, args.sesoi, args.allow_mixed, seeds)
+        text, counted = analyse(args.out, args.baseline, ceiling, args.sesoi, args.allow_mixed, seeds, args.metric)
     except Refused as error:
         sys.stderr.write(f"error: {error}\n")
         raise SystemExit(2) from None
     from oarctl.artifacts import write_bytes_atomically
 
     suffix = "" if args.seeds is None else f"-s{args.seeds.replace(',', '_')}"
-    write_bytes_atomically(args.out / f"ceiling{suffix}.md", text)
+    named = suffix if args.metric == "on_policy" else f"{suffix}-{args.metric}"
+    write_bytes_atomically(args.out / f"ceiling{named}.md", text)
     sys.stdout.write(text)
     if args.figures:
         for path in figures(args.out, counted, args.baseline, suffix):

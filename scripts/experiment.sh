@@ -25,7 +25,7 @@ PARALLEL=${PARALLEL:-2}         # runs at a time, one torch thread each
 FIDELITY_SAMPLE=${FIDELITY_SAMPLE:-32}   # the oracle regenerates every reasoning token (93 s for 32 here)
 FIDELITY_METHODS=${FIDELITY_METHODS:-truth,mc_value,oar_p,oar_p_span,oar_g,entropy,random}
 OARCTL=${OARCTL:-oarctl}
-# A folder (committed) that keeps each finished run's metrics.jsonl and config.yaml: a later session, whose
+# A folder (committed) that keeps each finished run's metrics.jsonl, config.yaml and seconds.json: a later session, whose
 # clone has no runs/, takes them from there instead of training those runs again (docs/results.md)
 KEEP=${KEEP:-}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 OUT CONFIG STEPS PROMPTS HELDOUT EVAL_EVERY OARCTL KEEP
@@ -41,6 +41,7 @@ one_run() {  # METHOD SEED
   local method=$1 seed=$2 extra=() base="$OUT/uniform-s$2/eval" run="$OUT/$1-s$2"
   if [ -n "$KEEP" ] && ! finished "$run" && finished "$KEEP/$method-s$seed"; then
     mkdir -p "$run" && cp "$KEEP/$method-s$seed/metrics.jsonl" "$KEEP/$method-s$seed/config.yaml" "$run/"
+    if [ -f "$KEEP/$method-s$seed/seconds.json" ]; then cp "$KEEP/$method-s$seed/seconds.json" "$run/"; fi
   fi
   if finished "$run"; then echo "$method seed $seed: finished before"; return 0; fi
   case $method in
@@ -75,6 +76,7 @@ one_run() {  # METHOD SEED
   echo "$(date +%T) $method seed $seed: $(tail -n 1 "$OUT/$method-s$seed.log")"
   if [ -n "$KEEP" ]; then
     mkdir -p "$KEEP/$method-s$seed" && cp "$run/metrics.jsonl" "$run/config.yaml" "$KEEP/$method-s$seed/"
+    python scripts/keep_seconds.py "$OUT" "$KEEP" > /dev/null  # + its stage seconds (the step folders are not kept)
   fi
 }
 export -f one_run

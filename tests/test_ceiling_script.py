@@ -24,16 +24,16 @@ MACHINE = {"oarctl": {"version": "0.1.0", "source_sha256": "0" * 16}, "versions"
 
 
 def write_run(folder: Path, rewards: list[float], finished: bool = True, steps: int | None = None,
-              provenance: dict | None = MACHINE) -> None:
+              provenance: dict | None = MACHINE, heldout: dict | None = None) -> None:
     """A run's config.yaml (run.steps: `steps`, default one per reward) and metrics.jsonl: the base
-    evaluation, one step line per reward, the final evaluation when `finished`."""
+    evaluation, one step line per reward, the final evaluation when `finished` (greedy 0.6, or `heldout`'s)."""
     folder.mkdir(parents=True)
     config = {"run": {"seed": 0, "steps": len(rewards) if steps is None else steps}}
     (folder / "config.yaml").write_text(yaml.safe_dump({**config, "provenance": provenance} if provenance else config))
     lines = [{"kind": "eval", "after_steps": 0, "eval/greedy_accuracy": 0.5}]
     lines += [{"kind": "step", "step": step, "verify/reward_mean": r} for step, r in enumerate(rewards)]
     if finished:
-        lines.append({"kind": "eval", "after_steps": len(rewards), "eval/greedy_accuracy": 0.6})
+        lines.append({"kind": "eval", "after_steps": len(rewards), **(heldout or {"eval/greedy_accuracy": 0.6})})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
@@ -211,3 +211,54 @@ def test_the_half_ceiling_contrast_and_the_figures(tmp_path, ceiling):
     assert all(data.startswith(b"\x89PNG") for data in first)
     assert run_here(ceiling, tmp_path, "--figures").returncode == 0
     assert (forest.read_bytes(), curves.read_bytes()) == first
+
+
+def test_held_out_accuracy_after_the_last_step_is_scored_with_the_same_tests(tmp_path, ceiling):
+    for seed, value in enumerate([0.4, 0.5, 0.45]):
+        for method, gain in (("uniform", 0.0), ("better", 0.02 + 0.01 * seed)):  # +2, +3, +4 points
+            write_run(tmp_path / f"{method}-s{seed}", [0.0, 0.5],
+                      heldout={"eval/greedy_accuracy": value + gain, "eval/avg@1": value - gain})
+    write_run(tmp_path / "better-s3", [0.0, 0.5], heldout={"eval/avg@1": 0.5})  # no greedy: left out of that table
+    write_run(tmp_path / "uniform-s3", [0.0, 0.5], heldout={"eval/avg@1": 0.5})
+    greedy = run_here(ceiling, tmp_path, "--metric", "heldout_greedy", "--ceiling", "none")
+    assert greedy.returncode == 0, greedy.stderr
+    assert greedy.stdout.startswith("seeds with every method finished: 3 (0, 1, 2)")
+    assert "| method | held-out greedy accuracy |" in greedy.stdout
+    assert rows_of(greedy.stdout)["better"].startswith("| better | 48.0 | +3.00 [+0.52, +5.48] | +3.00 |")
+    assert (tmp_path / "ceiling-heldout_greedy.md").read_text() == greedy.stdout
+    sampled = run_here(ceiling, tmp_path, "--metric", "heldout_sampled", "--ceiling", "none")
+    assert sampled.stdout.startswith("seeds with every method finished: 4 (0, 1, 2, 3)")
+    assert rows_of(sampled.stdout)["better"].startswith("| better | 44.0 | -2.25 [-4.97, +0.47] |")
+    refused = run_here(ceiling, tmp_path, "--metric", "heldout_greedy", "--figures")
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --figures draws the on-policy accuracy")
+
+
+def write_seconds(folder: Path, seconds_a_step: float, steps: int) -> None:
+    """A kept run's seconds.json (scripts/keep_seconds.py's format): every step costs `seconds_a_step`."""
+    step = {"sample": seconds_a_step / 2, "verify": 0.0, "attribute": seconds_a_step / 4, "reshape": 0.0,
+            "update": seconds_a_step / 4}
+    (folder / "seconds.json").write_text(json.dumps({"steps": [step] * steps}))
+
+
+def test_equal_time_counts_the_steps_the_baselines_wall_clock_reaches(tmp_path, ceiling):
+    """Runs of 7 steps (policies 1-6 scored); `slow` costs 3x the baseline a step, so in the baseline's
+    time (6 x 10 s) it reaches step 2: its score is the mean reward of steps 1-2, not 1-6."""
+    for seed, start in enumerate([0.30, 0.40, 0.35]):
+        rewards = [0.0] + [start + 0.01 * step for step in range(1, 7)]
+        for method, cost, shift in (("control", 10.0, 0.0), ("slow", 30.0, 0.05), ("cheap", 5.0, 0.0)):
+            write_run(tmp_path / f"{method}-s{seed}", [r + shift * (i > 0) for i, r in enumerate(rewards)])
+            write_seconds(tmp_path / f"{method}-s{seed}", cost + seed, 7)  # medians: 11, 31, 6
+    result = run_here(ceiling, tmp_path, "--metric", "equal_time", "--baseline", "control", "--ceiling", "none")
+    assert result.returncode == 0, result.stderr
+    assert "equal time: control's last scored policy (step 6) comes after 6 x 11.0 s" in result.stdout
+    assert "- slow: 31.0 s a step, steps 1-2\n" in result.stdout  # floor(6 x 11 / 31) = 2
+    assert "- cheap: 6.0 s a step, steps 1-6 (capped: its runs have no later steps)" in result.stdout
+    # slow over steps 1-2: start + 0.015 + 0.05; control over 1-6: start + 0.035 -> +3.0 points each seed
+    assert rows_of(result.stdout)["slow"].startswith("| slow | 41.5 | +3.00 [+3.00, +3.00] |")
+    assert rows_of(result.stdout)["cheap"].startswith("| cheap | 38.5 | +0.00 [")
+    assert (tmp_path / "ceiling-equal_time.md").is_file()
+    (tmp_path / "slow-s1" / "seconds.json").unlink()
+    missing = run_here(ceiling, tmp_path, "--metric", "equal_time", "--baseline", "control")
+    assert missing.returncode == 2
+    assert missing.stderr == (f"error: {tmp_path / 'slow-s1'}: no stage seconds for each of its 7 steps "
+                              "(scripts/keep_seconds.py keeps them beside a kept run)\n")

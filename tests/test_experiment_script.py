@@ -43,6 +43,7 @@ def test_tiny_experiment_pairs_seeds_on_one_heldout_set(tmp_path):
     for run in ("uniform-s0", "uniform-s1", "truth-s0", "truth-s1"):
         assert (tmp_path / "kept" / run / "metrics.jsonl").read_bytes() == (out / run / "metrics.jsonl").read_bytes()
         assert (tmp_path / "kept" / run / "config.yaml").is_file()
+        assert len(json.loads((tmp_path / "kept" / run / "seconds.json").read_text())["steps"]) == 2  # STEPS
     import shutil
 
     shutil.rmtree(out / "truth-s1")  # as in a fresh clone: the run is gone, its kept metrics are not
@@ -50,6 +51,7 @@ def test_tiny_experiment_pairs_seeds_on_one_heldout_set(tmp_path):
                            text=True, timeout=900)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "truth seed 1: finished before" in again.stdout and not (out / "truth-s1" / "step_0000").exists()
+    assert (out / "truth-s1" / "seconds.json").is_file()  # its cost comes back with it
     assert "| truth | 2 |" in (out / "compare.md").read_text()
     cost = table.split("Seconds per step by stage")[1]
     assert "| uniform |" in cost and "| truth |" in cost

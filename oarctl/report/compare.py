@@ -37,6 +37,7 @@ BASELINE = "uniform"  # plain GRPO: the paired differences are taken to it
 # the stage outputs of a step folder, in pipeline order, by the name of their manifest
 STAGE_OUTPUTS = {"sample": "rollouts", "verify": "verified", "attribute": "attributions", "reshape": "advantages",
                  "update": "policy"}
+SECONDS_FILE = "seconds.json"  # a kept run's stage seconds per step, when its step folders are not kept
 # Student t 0.975 quantiles for 1..30 degrees of freedom (standard tables), for 95% intervals
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
@@ -69,23 +70,33 @@ def _wall_seconds(manifest: Path) -> float:
     return float(json.loads(manifest.read_text()).get("wall_seconds", 0.0))
 
 
+def step_stage_seconds(run_dir: Path) -> list[dict[str, float]]:
+    """Per step, in step order, each stage's wall seconds: from the manifests in the run's step folders or,
+    for a run kept without its step folders, from its seconds.json (scripts/keep_seconds.py wrote it from them)."""
+    folders = sorted(run_dir.glob("step_*"))
+    if not folders and (run_dir / SECONDS_FILE).is_file():
+        return json.loads((run_dir / SECONDS_FILE).read_text())["steps"]
+    steps = []
+    for folder in folders:
+        step = {}
+        for stage, output in STAGE_OUTPUTS.items():
+            manifests = list(folder.glob(f"{output}*.manifest.json"))
+            if manifests:
+                step[stage] = sum(_wall_seconds(m) for m in manifests)
+        steps.append(step)
+    return steps
+
+
 def seconds_per_step(run_dir: Path) -> float | None:
-    totals = []
-    for folder in sorted(run_dir.glob("step_*")):
-        seconds = [_wall_seconds(m) for m in folder.glob("*.manifest.json")]
-        if seconds:
-            totals.append(float(sum(seconds)))
+    totals = [sum(step.values()) for step in step_stage_seconds(run_dir) if step]
     return float(np.mean(totals)) if totals else None
 
 
 def stage_seconds(run_dir: Path) -> dict[str, float]:
     """Mean wall seconds per step of each stage that has manifests in the run's step folders."""
-    means = {}
-    for stage, output in STAGE_OUTPUTS.items():
-        seconds = [_wall_seconds(m) for m in sorted(run_dir.glob(f"step_*/{output}*.manifest.json"))]
-        if seconds:
-            means[stage] = float(np.mean(seconds))
-    return means
+    steps = step_stage_seconds(run_dir)
+    return {stage: float(np.mean([step[stage] for step in steps if stage in step]))
+            for stage in STAGE_OUTPUTS if any(stage in step for step in steps)}
 
 
 def on_policy_accuracy(lines: list[dict]) -> float | None:
