@@ -189,6 +189,16 @@ def run_oarctl(*args, cwd=None, timeout: float = 120) -> subprocess.CompletedPro
                           timeout=timeout)
 
 
+def load_script(path: Path):
+    """A script of scripts/ or bench/ as a module (it is no package), to call its functions in-process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 

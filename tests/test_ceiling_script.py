@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import itertools
 import json
@@ -15,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import yaml
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "ceiling.py"
@@ -61,10 +61,7 @@ def rows_of(stdout: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def ceiling():
     """scripts/ceiling.py as a module, for its statistics."""
-    spec = importlib.util.spec_from_file_location("ceiling_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_paired_differences_intervals_and_equivalence_match_a_hand_computation(tmp_path):

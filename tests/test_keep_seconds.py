@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import load_script
 
 from oarctl.report.compare import SECONDS_FILE, STAGE_OUTPUTS, seconds_per_step, stage_seconds
 
@@ -18,10 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "keep_seconds.py"
 
 @pytest.fixture(scope="module")
 def keep_seconds():
-    spec = importlib.util.spec_from_file_location("keep_seconds_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def run_folder(out: Path, name: str, steps: int, done: int) -> Path:
