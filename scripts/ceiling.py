@@ -44,6 +44,12 @@ from pathlib import Path
 
 import numpy as np
 
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as `python scripts/ceiling.py` from a clone
+    sys.path.insert(0, str(REPO))
+
+from oarctl.report.stats import hodges_lehmann, signed_rank_test, t_interval, t_quantile  # noqa: E402
+
 RUN = re.compile(r"^(?P<method>.+)-s(?P<seed>\d+)$")
 # --metric: what a run is scored by (the column's name)
 METRICS = {"on_policy": "on-policy accuracy", "heldout_greedy": "held-out greedy accuracy",
@@ -169,33 +175,6 @@ def scored(found: dict[str, dict[int, tuple[float, Path]]], metric: str, baselin
             for method, by_seed in values.items()}, []
 
 
-def t_quantile(probability: float, degrees: int) -> float:
-    """Student's t quantile for probability > 0.5: bisection on the CDF, 0.5 + the integral of the
-    density from 0 (Simpson's rule, 2,000 panels; agrees with the tables to 1e-6)."""
-    import math
-
-    scale = math.exp(math.lgamma((degrees + 1) / 2) - math.lgamma(degrees / 2)) / math.sqrt(degrees * math.pi)
-
-    def cdf(x: float) -> float:
-        grid = np.linspace(0.0, x, 2001)
-        density = scale * (1 + grid ** 2 / degrees) ** (-(degrees + 1) / 2)
-        h = x / 2000
-        return 0.5 + h / 3 * (density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
-
-    low, high = 0.0, 50.0
-    for _ in range(60):
-        middle = (low + high) / 2
-        low, high = (middle, high) if cdf(middle) < probability else (low, middle)
-    return (low + high) / 2
-
-
-def paired(differences: np.ndarray, level: float) -> tuple[float, float, float]:
-    """(mean, low, high) of a two-sided Student-t interval at `level`."""
-    mean, spread = float(differences.mean()), float(differences.std(ddof=1))
-    half = t_quantile(0.5 + level / 2, differences.size - 1) * spread / np.sqrt(differences.size)
-    return mean, mean - half, mean + half
-
-
 def ceiling_fraction(method: np.ndarray, baseline: np.ndarray, ceiling: np.ndarray,
                      resamples: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
     """F = mean(method - baseline) / mean(ceiling - baseline) and its 95% paired-bootstrap interval."""
@@ -205,39 +184,6 @@ def ceiling_fraction(method: np.ndarray, baseline: np.ndarray, ceiling: np.ndarr
     fractions = gain[picks].mean(axis=1) / headroom[picks].mean(axis=1)
     low, high = np.percentile(fractions, [2.5, 97.5])
     return float(gain.mean() / headroom.mean()), float(low), float(high)
-
-
-def signed_rank_test(differences: np.ndarray) -> tuple[float, float]:
-    """(W+, two-sided p) of Wilcoxon's signed-rank test, exact. Zeros are dropped; tied |d| share their
-    mean rank. Under the null each rank's sign is + or - with probability 1/2, independently, so W+ is
-    the sum of a random subset of the ranks: its distribution is built by adding one rank at a time
-    (on doubled ranks, which are integers even when tied), and p = P(|W+ - E W+| >= |w - E W+|)."""
-    differences = np.round(differences, 9)  # float noise of a subtraction must not break a tie or a zero
-    nonzero = differences[differences != 0]
-    if nonzero.size == 0:
-        return 0.0, 1.0
-    magnitudes = np.abs(nonzero)
-    order = np.argsort(magnitudes, kind="stable")
-    ranks = np.empty(nonzero.size)
-    ranks[order] = np.arange(1, nonzero.size + 1)
-    for value in np.unique(magnitudes):  # ties: the mean of the ranks they span
-        tied = magnitudes == value
-        ranks[tied] = ranks[tied].mean()
-    doubled = np.rint(2 * ranks).astype(int)
-    probabilities = np.zeros(int(doubled.sum()) + 1)
-    probabilities[0] = 1.0
-    for rank in doubled:
-        probabilities = 0.5 * (probabilities + np.concatenate([np.zeros(rank), probabilities[:-rank]]))
-    observed, centre = int(doubled[nonzero > 0].sum()), doubled.sum() / 2
-    sums = np.arange(probabilities.size)
-    p = float(probabilities[np.abs(sums - centre) >= abs(observed - centre)].sum())
-    return observed / 2, min(1.0, p)
-
-
-def hodges_lehmann(differences: np.ndarray) -> float:
-    """The median of the Walsh averages (d_i + d_j) / 2 over i <= j: the one-sample Hodges-Lehmann estimate."""
-    i, j = np.triu_indices(differences.size)
-    return float(np.median((differences[i] + differences[j]) / 2))
 
 
 def _fraction_cell(values: dict, method: str, baseline: str, ceiling: str | None, reported: bool) -> str:
@@ -251,8 +197,8 @@ def _fraction_cell(values: dict, method: str, baseline: str, ceiling: str | None
 
 def _row(values: dict, method: str, baseline: str, ceiling: str | None, reported: bool, sesoi: float) -> str:
     difference = values[method] - values[baseline]
-    mean, low, high = paired(difference, 0.95)
-    _, low90, high90 = paired(difference, 0.90)
+    mean, low, high = t_interval(difference, 0.95)
+    _, low90, high90 = t_interval(difference, 0.90)
     _, p = signed_rank_test(difference)
     equivalent = "yes" if -sesoi < low90 and high90 < sesoi else "no"
     return (f"| {method} | {values[method].mean():.1f} | {mean:+.2f} [{low:+.2f}, {high:+.2f}] | "
@@ -265,7 +211,7 @@ def _ceiling_line(values: dict, baseline: str, ceiling: str | None) -> tuple[lis
     """The ceiling's own interval, and whether the fraction of it may be reported (the interval excludes 0)."""
     if not ceiling:
         return [], False
-    mean, low, high = paired(values[ceiling] - values[baseline], 0.95)
+    mean, low, high = t_interval(values[ceiling] - values[baseline], 0.95)
     reported = low > 0 or high < 0
     verdict = "excludes 0: the fraction of it is reported" if reported else \
         "includes 0: the fraction of it is not reported (a ratio over a headroom that may be nothing)"
@@ -298,10 +244,10 @@ def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str | None
     if ceiling and len(values) > 2:
         lines += ["", f"half-ceiling contrast, (method - {baseline}) - 0.5 x ({ceiling} - {baseline}), points (95% CI):"]
         for method in sorted(set(values) - {baseline, ceiling}):
-            mean, low, high = paired(values[method] - values[baseline] - 0.5 * (values[ceiling] - values[baseline]), 0.95)
+            mean, low, high = t_interval(values[method] - values[baseline] - 0.5 * (values[ceiling] - values[baseline]), 0.95)
             lines.append(f"- {method}: {mean:+.2f} [{low:+.2f}, {high:+.2f}]")
     if "truth_shuffled" in values and ceiling in values:
-        mean, low, high = paired(values[ceiling] - values["truth_shuffled"], 0.95)
+        mean, low, high = t_interval(values[ceiling] - values["truth_shuffled"], 0.95)
         lines += ["", f"{ceiling} - truth_shuffled: {mean:+.2f} [{low:+.2f}, {high:+.2f}] points (95% CI)"]
     return "\n".join(lines) + "\n"
 
@@ -371,7 +317,7 @@ def _forest(curves: dict[str, np.ndarray], baseline: str) -> bytes:
 
     accuracy = {m: curve[:, 1:].mean(axis=1) for m, curve in curves.items()}
     others = sorted(set(curves) - {baseline})
-    means, lows, highs = zip(*(paired(accuracy[m] - accuracy[baseline], 0.95) for m in others))
+    means, lows, highs = zip(*(t_interval(accuracy[m] - accuracy[baseline], 0.95) for m in others))
     figure, axes = plt.subplots(figsize=(6.5, 0.5 * len(others) + 1.6))
     axes.errorbar(means, range(len(others)), xerr=[np.subtract(means, lows), np.subtract(highs, means)], fmt="o",
                   capsize=3)

@@ -127,34 +127,6 @@ def test_a_run_is_finished_when_it_recorded_its_configured_steps(tmp_path, ceili
     assert refused.stderr == f"error: {missing}: file not found (the configured steps tell when a run has finished)\n"
 
 
-def _by_every_sign_flip(differences: list[float]) -> float:
-    """The slow reference: p over all 2^n sign patterns of the ranks (zeros dropped, ties at mean ranks)."""
-    nonzero = [d for d in differences if d != 0]
-    magnitudes = sorted(abs(d) for d in nonzero)
-    rank = {m: np.mean([i + 1 for i, x in enumerate(magnitudes) if x == m]) for m in magnitudes}
-    ranks = [rank[abs(d)] for d in nonzero]
-    observed, centre = sum(r for r, d in zip(ranks, nonzero) if d > 0), sum(ranks) / 2
-    sums = [sum(r for r, sign in zip(ranks, signs) if sign) for signs in itertools.product([0, 1], repeat=len(ranks))]
-    return sum(abs(s - centre) >= abs(observed - centre) - 1e-9 for s in sums) / len(sums)
-
-
-def test_wilcoxon_signed_rank_and_hodges_lehmann_by_hand(ceiling):
-    # |d| ranks 2, 3, 4 positive, 1 negative: W+ = 9; of the 16 subsets of {1,2,3,4}, sums >= 9 ({2,3,4},
-    # {1,2,3,4}) and <= 1 ({}, {1}) are 4: p = 0.25
-    assert ceiling.signed_rank_test(np.array([1.0, 2.0, 3.0, -0.5])) == (9.0, 0.25)
-    assert ceiling.signed_rank_test(np.array([0.0, 1.0, 2.0, 3.0, -0.5])) == (9.0, 0.25)  # the zero is dropped
-    # ties: |d| 1, 1, 2, 2 take ranks 1.5, 1.5, 3.5, 3.5; W+ = 8.5, centre 5; sums at distance >= 3.5 from it:
-    # 0 (1 way), 1.5 (2), 8.5 (2), 10 (1) of 16: p = 0.375
-    assert ceiling.signed_rank_test(np.array([1.0, -1.0, 2.0, 2.0])) == (8.5, 0.375)
-    assert ceiling.signed_rank_test(np.array([0.0, 0.0])) == (0.0, 1.0)
-    # Walsh averages of 1, 2, 3, -0.5: 1, 2, 3, -0.5, 1.5, 2, 0.25, 2.5, 1.25, 1.25 -> median (1.25 + 1.5) / 2
-    assert ceiling.hodges_lehmann(np.array([1.0, 2.0, 3.0, -0.5])) == 1.375
-    rng = np.random.default_rng(1)
-    for _ in range(5):
-        differences = rng.integers(-4, 6, size=11).astype(float)  # ties and zeros
-        assert ceiling.signed_rank_test(differences)[1] == pytest.approx(_by_every_sign_flip(list(differences)))
-
-
 def test_runs_of_another_machine_are_refused_unless_allow_mixed(tmp_path, ceiling):
     other = {**MACHINE, "versions": {"torch": "2.14.0"}}
     for seed, value in enumerate([0.4, 0.5]):

@@ -125,14 +125,6 @@ def test_on_policy_accuracy_is_paired_over_the_steps_after_the_first(cli, tmp_pa
     assert "| truth | 2.0 | 2.0 | 2.0 | 6.0 |" in stages and "| uniform | 1.0 | 1.0 | 1.0 | 3.0 |" in stages
 
 
-def test_t_quantiles_match_the_table_and_join_the_normal_limit():
-    from oarctl.report.compare import t_975
-
-    assert (t_975(1), t_975(4), t_975(30)) == (12.706, 2.776, 2.042)
-    assert t_975(31) == pytest.approx(2.040, abs=2e-3) and t_975(120) == pytest.approx(1.980, abs=2e-3)
-    assert all(t_975(d) > t_975(d + 1) > 1.959964 for d in range(1, 200))
-
-
 def test_runs_with_changed_reshape_options_are_their_own_method():
     from oarctl.report.compare import method_label
 

@@ -28,14 +28,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from oarctl.report.compare import t_975
-
-
-def interval(values: np.ndarray) -> tuple[float, float, float]:
-    """(mean, low, high): a two-sided 95% Student-t interval."""
-    mean = float(values.mean())
-    half = t_975(values.size - 1) * float(values.std(ddof=1)) / math.sqrt(values.size)
-    return mean, mean - half, mean + half
+from oarctl.report.stats import t_interval
 
 
 def _signal(scores, sums, method: str) -> float:
@@ -81,8 +74,8 @@ def summarise(scores, sums, methods: list[str], references_cosine: float) -> dic
         signal = _signal(scores, sums, method)
         mean_dot = float(np.mean([s.dot for s in by_method[method]]))
         values = {"method": method, "batches": int(cosine.size),
-                  **dict(zip(("cosine", "cosine_low", "cosine_high"), interval(cosine))),
-                  **dict(zip(("vs_uniform", "vs_uniform_low", "vs_uniform_high"), interval(differences))),
+                  **dict(zip(("cosine", "cosine_low", "cosine_high"), t_interval(cosine))),
+                  **dict(zip(("vs_uniform", "vs_uniform_low", "vs_uniform_high"), t_interval(differences))),
                   "corrected_cosine": corrected[method],
                   "expected_cosine": mean_dot / math.sqrt(signal * mu) if signal > 0 and mu > 0 else math.nan,
                   "grad_sq_norm": float(np.mean([s.squared_norm for s in by_method[method]])),

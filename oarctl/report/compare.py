@@ -31,6 +31,7 @@ import yaml
 
 from oarctl.errors import OarError
 from oarctl.report.run_report import _data_uri, eval_series, read_metrics, sampled_key, step_series
+from oarctl.report.stats import t_interval
 
 DEFAULT_TARGET = 0.45  # held-out greedy accuracy for "steps to target" (the demo's trained level)
 BASELINE = "uniform"  # plain GRPO: the paired differences are taken to it
@@ -38,10 +39,6 @@ BASELINE = "uniform"  # plain GRPO: the paired differences are taken to it
 STAGE_OUTPUTS = {"sample": "rollouts", "verify": "verified", "attribute": "attributions", "reshape": "advantages",
                  "update": "policy"}
 SECONDS_FILE = "seconds.json"  # a kept run's stage seconds per step, when its step folders are not kept
-# Student t 0.975 quantiles for 1..30 degrees of freedom (standard tables), for 95% intervals
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
 
 
 @dataclass
@@ -165,14 +162,6 @@ def markdown_table(groups: dict[str, list[RunSummary]], target: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def t_975(degrees: int) -> float:
-    """The 0.975 quantile of Student's t: the table to 30 degrees, then the Cornish-Fisher series."""
-    if degrees <= len(T_975):
-        return T_975[degrees - 1]
-    z = 1.959964
-    return z + (z ** 3 + z) / (4 * degrees) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * degrees ** 2)
-
-
 def paired_differences(groups: dict[str, list[RunSummary]], baseline: str = BASELINE,
                        metric: str = "greedy") -> list[dict]:
     """Per method, `metric` (greedy, sampled or on_policy accuracy) minus the baseline's at the same seed (same
@@ -185,10 +174,9 @@ def paired_differences(groups: dict[str, list[RunSummary]], baseline: str = BASE
                        if r.seed in reference and getattr(r, metric) is not None]
         if method == baseline or len(differences) < 2:
             continue
-        mean, spread = float(np.mean(differences)), float(np.std(differences, ddof=1))
-        half = t_975(len(differences) - 1) * spread / np.sqrt(len(differences))
-        rows.append({"method": method, "pairs": len(differences), "mean": mean, "low": mean - half,
-                     "high": mean + half, "wins": sum(d > 0 for d in differences)})
+        mean, low, high = t_interval(differences)
+        rows.append({"method": method, "pairs": len(differences), "mean": mean, "low": low, "high": high,
+                     "wins": sum(d > 0 for d in differences)})
     return rows
 
 
