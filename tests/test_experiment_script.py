@@ -81,3 +81,20 @@ def test_the_samples_control_runs_grpo_on_one_and_a_half_times_the_responses(tmp
 
     assert last("sample.prompts_per_step") == "36" and last("update.mini_batch_size") == "288"
     assert last("attribute.method") == "uniform" and last("run.seed") == "7"
+
+
+def test_the_wide_experiment_refuses_a_worktree_that_is_not_the_plans_commit(tmp_path):
+    """scripts/wide_credit.sh runs issue 40's experiment only from a clean checkout of the plan's commit:
+    runs of other code would not pair with the kept ones."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    git = ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tree / "file").write_text("x")
+    subprocess.run([*git, "add", "file"], check=True)
+    subprocess.run([*git, "commit", "-qm", "another commit"], check=True)
+    result = subprocess.run(["bash", str(REPO / "scripts" / "wide_credit.sh")], env={**os.environ, "TREE": str(tree)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr == (f"error: {tree} is not a clean checkout of ceab40e: the runs must use the plan's "
+                             "code unchanged\n")
