@@ -13,6 +13,7 @@ from typing import List, Optional
 import typer
 
 from oarctl.errors import OarError
+from oarctl.gradient_check import TIME_SAMPLING
 from oarctl.options import check_options
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -305,7 +306,10 @@ def gradient_check(verified: Path = VerifiedArgument, output: Path = OutputOptio
                    batch_prompts: Optional[int] = typer.Option(None, "--batch-prompts", help="prompts per scored batch "
                                                                "(default: sample.prompts_per_step, a training batch)"),
                    sample_seconds: Optional[float] = typer.Option(None, "--sample-seconds", help="seconds sampling the "
-                                                                  "pool took (default: its sample manifest's)"),
+                                                                  "pool took (default: timed here, --time-sampling)"),
+                   time_sampling: int = typer.Option(TIME_SAMPLING, "--time-sampling", help="prompts of the pool sampled again "
+                                                     "to time sampling under the credit's load (0: the pool's sample "
+                                                     "manifest's seconds)"),
                    config: Optional[Path] = ConfigOption, set: Optional[List[str]] = SetOption):
     """How well one batch's gradient under each credit method points along the policy gradient, measured
     on a pool of the policy's own rollouts -> a table (+ .md, .png). Reshaping knobs: --set reshape.KEY=..."""
@@ -316,7 +320,7 @@ def gradient_check(verified: Path = VerifiedArgument, output: Path = OutputOptio
     policy_path = Path(policy) if policy else resolve_policy_path(settings.policy.path)
     names = [name.strip() for name in methods.split(",") if name.strip()]
     typer.echo(run_gradient_check(verified, output, settings, policy_path, names, batch_prompts, sample_seconds,
-                                  log=_log))
+                                  time_sampling, log=_log))
     typer.echo(f"wrote {output}, {output.with_suffix('.md')}, {output.with_suffix('.png')}")
 
 

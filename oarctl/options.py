@@ -122,6 +122,7 @@ OPTIONS = {
     "sample_size": Number(1),          # rollouts `fidelity` draws
     "batch_prompts": Number(1),        # prompts per batch `gradient-check` scores
     "sample_seconds": Number(0, above=True),  # seconds the sample stage took (`gradient-check`)
+    "time_sampling": Number(0),        # prompts sampled again to time sampling (`gradient-check`; 0: off)
     "seed": Number(0),
     "time_limit": Number(0, above=True),
     "target": Number(0, 1, above=True),  # a held-out accuracy

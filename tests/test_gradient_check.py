@@ -8,6 +8,7 @@ must give one further from it. Sampled here from the tiny untrained policy (high
 from __future__ import annotations
 
 import io
+import json
 import math
 
 import numpy as np
@@ -157,8 +158,10 @@ def test_the_command_writes_the_table_and_the_same_seed_gives_the_same_bytes(cli
     assert all(row["cosine_low"] <= row["cosine"] <= row["cosine_high"] and -1 <= row["cosine"] <= 1 for row in table)
     assert all(row["batches"] == 4 and row["grad_sq_norm"] > 0 for row in table)
     sampling = [row["cost_vs_sampling"] for row in table]
-    assert all(c >= 0 for c in sampling)  # the sample manifest beside the pool was found
-    assert first.with_suffix(".png").stat().st_size > 0 and "sample manifest" in first.with_suffix(".md").read_text()
+    assert all(c >= 0 for c in sampling)  # sampling timed here: 8 prompts (all the pool has) x 4, scaled x 1
+    assert first.with_suffix(".png").stat().st_size > 0
+    assert "timed here: 8 prompts x 4 sampled again in " in first.with_suffix(".md").read_text()
+    assert "x 32/32 rows of the pool" in first.with_suffix(".md").read_text()
     assert _check(cli, folder, config, second).exit_code == 0
     assert _seeded_bytes(first) == _seeded_bytes(second)
     assert first.with_suffix(".png").read_bytes() == second.with_suffix(".png").read_bytes()
@@ -172,6 +175,7 @@ def test_the_command_writes_the_table_and_the_same_seed_gives_the_same_bytes(cli
     (["--batch-prompts", "0"], "--batch-prompts"),
     (["--batch-prompts", "3"], "--batch-prompts"),  # 8 prompts: 1 batch of 3 per half
     (["--sample-seconds", "-1"], "--sample-seconds"),
+    (["--time-sampling", "-1"], "--time-sampling"),
 ])
 def test_bad_options_are_one_line_errors(cli, pool, tmp_path, extra, message):
     folder, config = pool
@@ -182,12 +186,28 @@ def test_bad_options_are_one_line_errors(cli, pool, tmp_path, extra, message):
     assert not (tmp_path / "out.parquet").exists()
 
 
+def test_sampling_timed_here_or_read_from_the_pools_manifest(cli, pool, tmp_path):
+    """--time-sampling N samples N prompts again and scales to the pool; 0 takes the pool's sample manifest."""
+    folder, config = pool
+    output = tmp_path / "out.parquet"
+    args = ["gradient-check", folder / "verified.parquet", "-o", output, "-c", config, "--methods", "random",
+            "--batch-prompts", "2"]
+    assert cli(*args, "--time-sampling", "2").exit_code == 0
+    assert "timed here: 2 prompts x 4 sampled again in " in output.with_suffix(".md").read_text()
+    assert "x 32/8 rows of the pool" in output.with_suffix(".md").read_text()
+    assert cli(*args, "--time-sampling", "0").exit_code == 0
+    manifest = json.loads((folder / "rollouts.parquet.manifest.json").read_text())
+    assert f"- sampling: {manifest['wall_seconds']:.1f} s ({folder / 'rollouts.parquet'}'s sample manifest)" in \
+        output.with_suffix(".md").read_text()
+
+
 def test_a_pool_without_its_sample_manifest_has_no_cost_unless_given(cli, pool, tmp_path):
     folder, config = pool
     alone = tmp_path / "verified.parquet"
     alone.write_bytes((folder / "verified.parquet").read_bytes())
     output = tmp_path / "out.parquet"
-    args = ["gradient-check", alone, "-o", output, "-c", config, "--methods", "random", "--batch-prompts", "2"]
+    args = ["gradient-check", alone, "-o", output, "-c", config, "--methods", "random", "--batch-prompts", "2",
+            "--time-sampling", "0"]
     assert cli(*args).exit_code == 0
     rows = pq.read_table(output).to_pylist()
     assert all(math.isnan(r["cost_vs_sampling"]) and r["pays"] is None for r in rows)

@@ -13,8 +13,10 @@ OUTPUT.md (the printed table and its conditions) and OUTPUT.png (cosine per meth
    gradient of the other half, which shares no sample with it;
 4. summary.py: cosines with 95% intervals, paired differences to uniform, the noise-corrected cosine,
    the effective batch and `expected_cosine`, the check of the assumption the effective batch rests on;
-5. cost: `cost_vs_sampling` = the method's seconds over the seconds the sample stage recorded for the
-   same rollouts (its manifest beside the verified file, else `sample_seconds`, else NaN), and `pays`:
+5. cost: `cost_vs_sampling` = the method's seconds over the seconds sampling the pool takes: `sample_seconds`
+   when given; else, with `time_sampling` N > 0 (the default, 32), `time_sampling` prompts of the pool sampled
+   again here after the credit, scaled to the pool (credit and sampling timed in one process, under one load);
+   else the seconds its sample manifest beside the verified file recorded, else NaN. `pays`:
    effective_batch - 1 >= cost_vs_sampling, i.e. the credit costs less than the extra samples it is worth.
 
 It is not a pipeline stage (nothing caches it) and no stage imports it. Same input, config and seed:
@@ -30,7 +32,11 @@ from oarctl.errors import OarError
 MEASURED_COLUMNS = ("seconds", "cost_vs_sampling", "pays")  # times, and what follows from them: not seeded
 
 
-def check_options(methods: list[str], batch_prompts: int | None, sample_seconds: float | None) -> list[str]:
+TIME_SAMPLING = 32  # prompts of the pool sampled again to time sampling in the bench's own run (0: off)
+
+
+def check_options(methods: list[str], batch_prompts: int | None, sample_seconds: float | None,
+                  time_sampling: int = TIME_SAMPLING) -> list[str]:
     """The methods to run, uniform first (the reference's credit and every difference's baseline)."""
     from oarctl.attribution import ATTRIBUTION_METHODS
 
@@ -44,18 +50,21 @@ def check_options(methods: list[str], batch_prompts: int | None, sample_seconds:
         raise OarError(f"--batch-prompts: expected a positive number of prompts, got {batch_prompts}")
     if sample_seconds is not None and not sample_seconds > 0:
         raise OarError(f"--sample-seconds: expected a positive number of seconds, got {sample_seconds}")
+    if time_sampling < 0:
+        raise OarError(f"--time-sampling: expected a number of prompts >= 0 (0: off), got {time_sampling}")
     return ["uniform"] + [m for m in dict.fromkeys(methods) if m != "uniform"]
 
 
 def run_gradient_check(verified_path: Path, output: Path, config, policy_path: Path, methods: list[str],
-                       batch_prompts: int | None = None, sample_seconds: float | None = None, log=print) -> str:
+                       batch_prompts: int | None = None, sample_seconds: float | None = None,
+                       time_sampling: int = TIME_SAMPLING, log=print) -> str:
     """The whole command; returns the markdown table (also written to OUTPUT.md)."""
     from oarctl.artifacts import make_table, read_artifact, write_bytes_atomically, write_parquet
     from oarctl.attribution.base import segment_rows
     from oarctl.contract import Policy, StageContext
     from oarctl.gradient_check import credit, gradients, report, summary
 
-    methods = check_options(methods, batch_prompts, sample_seconds)
+    methods = check_options(methods, batch_prompts, sample_seconds, time_sampling)
     if config.policy.threads:
         import torch
         torch.set_num_threads(config.policy.threads)
@@ -75,7 +84,13 @@ def run_gradient_check(verified_path: Path, output: Path, config, policy_path: P
                                              halves, log)
     references = summary.reference_checks(scores, sums)
     columns = summary.summarise(scores, sums, methods, references["references_cosine"])
-    sampling, source = (sample_seconds, "--sample-seconds") if sample_seconds else credit.sample_seconds(verified_path)
+    if sample_seconds:
+        sampling, source = sample_seconds, "--sample-seconds"
+    elif time_sampling:  # after the gradients: sampling draws random numbers, the seeded columns must not move
+        sampling, source = credit.timed_sampling(policy, table, time_sampling, config.sample)
+    else:
+        sampling, source = credit.sample_seconds(verified_path)
+    log(f"[gradient-check] sampling: {sampling:.1f} s ({source})")
     columns.update(summary.cost_columns(seconds, sampling, columns["effective_batch"]))
     write_parquet(make_table(columns, "gradient_check"), output)
     header = _header(verified_path, policy_path, table.num_rows, halves, size, (sampling, source),

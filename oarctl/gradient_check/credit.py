@@ -1,5 +1,6 @@
 """The pool's token advantages under each credit method, as the attribute and reshape stages make them,
-the disjoint batches the bench scores, and the seconds the sample stage spent on the pool.
+the disjoint batches the bench scores, and what sampling the pool costs: timed again here on part of it,
+or the seconds its sample stage recorded.
 
 Reads a verified table (segmented like the attribute stage does) and the config's attribute and reshape
 sections; writes nothing. Attribution goes through the registry (rows chosen by
@@ -99,3 +100,25 @@ def sample_seconds(verified_path: Path) -> tuple[float, str]:
         if manifest and manifest.get("stage") == "sample" and manifest.get("output_sha256") == wanted:
             return float(manifest["wall_seconds"]), f"{candidate}'s sample manifest"
     return math.nan, f"no sample manifest of its rollouts beside {verified_path}"
+
+
+def timed_sampling(policy, table, prompts: int, sample) -> tuple[float, str]:
+    """(seconds, how) sampling the whole pool would take, measured here: the first `prompts` of the pool's
+    prompts sampled again with the sample section's options, as many responses each as the pool has, in
+    this process under the load the credit was timed under, then scaled by the pool's rows over the rows
+    sampled. A ratio of credit to sampling seconds is then measured in one run, not across two."""
+    from oarctl.policy.backends import generate
+
+    ids, token_ids = table["prompt_id"].to_pylist(), table["prompt_token_ids"].to_pylist()
+    first: dict[str, int] = {}
+    for row, prompt in enumerate(ids):
+        first.setdefault(prompt, row)
+    chosen = list(first)[:prompts]
+    group = round(len(ids) / len(first))
+    batch = [token_ids[first[prompt]] for prompt in chosen for _ in range(group)]
+    started = time.perf_counter()
+    generate(policy, batch, temperature=sample.temperature, top_p=sample.top_p, max_new_tokens=sample.max_new_tokens,
+             seed=0, batch_size=sample.batch_size)
+    seconds = time.perf_counter() - started
+    return seconds * len(ids) / len(batch), (f"timed here: {len(chosen)} prompts x {group} sampled again in "
+                                             f"{seconds:.1f} s, x {len(ids)}/{len(batch)} rows of the pool")
