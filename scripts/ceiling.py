@@ -133,10 +133,11 @@ def at_equal_time(found: dict[str, dict[int, tuple[float, Path]]], baseline: str
     """Each run's on-policy accuracy over the steps whose policy the baseline's wall-clock reaches, and the
     lines that say how. A method's price is the median over its runs of seconds a step; the policy of
     step i exists after i steps, so the baseline's last scored policy (step S-1) comes after (S-1) x its
-    price, and a method costing c a step gets steps 1 .. k = floor((S-1) x c_baseline / c), at most S-1
-    (a cheaper method has no steps beyond its run's)."""
-    from oarctl.report.compare import on_policy_accuracy
-    from oarctl.report.run_report import read_metrics
+    price, and a method costing c a step reaches b = (S-1) x c_baseline / c steps, at most S-1 (a cheaper
+    method has no steps beyond its run's). Its score is the mean training reward over steps 1 .. b, the
+    last one counted for the fraction of it that fits: (r_1 + ... + r_k + (b - k) r_k+1) / b, k = floor(b),
+    so that a method 2% dearer does not lose a whole step."""
+    from oarctl.report.run_report import read_metrics, step_series
 
     if baseline not in found:
         raise Refused(f"no finished run of {baseline!r}")
@@ -150,15 +151,16 @@ def at_equal_time(found: dict[str, dict[int, tuple[float, Path]]], baseline: str
              f"{price[baseline]:.1f} s; each method counts the steps that fit (seconds a step, median over its runs):"]
     values = {}
     for method, by_seed in sorted(found.items()):
-        steps = min(last, int(last * price[baseline] / price[method]))
-        if steps < 1:
+        reach = min(float(last), last * price[baseline] / price[method])
+        if reach < 1:
             raise Refused(f"--metric equal_time: {method} reaches no step in {baseline}'s time")
-        lines.append(f"- {method}: {price[method]:.1f} s a step, steps 1-{steps}"
-                     + (" (capped: its runs have no later steps)" if steps == last and price[method] < price[baseline]
-                        else ""))
-        values[method] = {seed: (on_policy_accuracy([x for x in read_metrics(path)
-                                                     if x.get("kind") != "step" or x.get("step") <= steps]), path)
-                          for seed, (_, path) in by_seed.items()}
+        weights = np.clip(reach - np.arange(last), 0.0, 1.0)  # of steps 1 .. last: 1, ..., 1, the fraction, 0, ...
+        lines.append(f"- {method}: {price[method]:.1f} s a step, {reach:.2f} steps"
+                     + (" (capped: its runs have no later steps)" if price[method] < price[baseline] else ""))
+        values[method] = {}
+        for seed, (_, path) in by_seed.items():
+            rewards = dict(zip(*step_series(read_metrics(path), "verify/reward_mean")))
+            values[method][seed] = float(np.dot(weights, [rewards[step] for step in range(1, last + 1)]) / reach), path
     return values, lines + [""]
 
 

@@ -210,8 +210,8 @@ def write_seconds(folder: Path, seconds_a_step: float, steps: int) -> None:
 
 
 def test_equal_time_counts_the_steps_the_baselines_wall_clock_reaches(tmp_path, ceiling):
-    """Runs of 7 steps (policies 1-6 scored); `slow` costs 3x the baseline a step, so in the baseline's
-    time (6 x 10 s) it reaches step 2: its score is the mean reward of steps 1-2, not 1-6."""
+    """Runs of 7 steps (policies 1-6 scored); `slow` costs ~3x the baseline a step, so in the baseline's
+    time (6 x 11 s) it reaches 6 x 11 / 31 = 2.129 steps: steps 1 and 2, and 0.129 of step 3."""
     for seed, start in enumerate([0.30, 0.40, 0.35]):
         rewards = [0.0] + [start + 0.01 * step for step in range(1, 7)]
         for method, cost, shift in (("control", 10.0, 0.0), ("slow", 30.0, 0.05), ("cheap", 5.0, 0.0)):
@@ -220,10 +220,12 @@ def test_equal_time_counts_the_steps_the_baselines_wall_clock_reaches(tmp_path, 
     result = run_here(ceiling, tmp_path, "--metric", "equal_time", "--baseline", "control", "--ceiling", "none")
     assert result.returncode == 0, result.stderr
     assert "equal time: control's last scored policy (step 6) comes after 6 x 11.0 s" in result.stdout
-    assert "- slow: 31.0 s a step, steps 1-2\n" in result.stdout  # floor(6 x 11 / 31) = 2
-    assert "- cheap: 6.0 s a step, steps 1-6 (capped: its runs have no later steps)" in result.stdout
-    # slow over steps 1-2: start + 0.015 + 0.05; control over 1-6: start + 0.035 -> +3.0 points each seed
-    assert rows_of(result.stdout)["slow"].startswith("| slow | 41.5 | +3.00 [+3.00, +3.00] |")
+    assert "- slow: 31.0 s a step, 2.13 steps\n" in result.stdout
+    assert "- cheap: 6.0 s a step, 6.00 steps (capped: its runs have no later steps)" in result.stdout
+    # slow: start + 0.05 + 0.01 x (1 + 2 + 0.129 x 3) / 2.129 = start + 0.0659; control over 1-6: start + 0.035
+    reach = 6 * 11 / 31
+    gain = 100 * (0.05 + 0.01 * (1 + 2 + (reach - 2) * 3) / reach - 0.035)
+    assert rows_of(result.stdout)["slow"].startswith(f"| slow | {35 + 3.5 + gain:.1f} | {gain:+.2f} [{gain:+.2f}, ")
     assert rows_of(result.stdout)["cheap"].startswith("| cheap | 38.5 | +0.00 [")
     assert (tmp_path / "ceiling-equal_time.md").is_file()
     (tmp_path / "slow-s1" / "seconds.json").unlink()
