@@ -249,3 +249,14 @@ def test_each_method_is_reshaped_by_its_own_rule_as_the_reshape_stage_does(pool,
         assert zeroed > 0 and all(np.all((t == 0) | np.isclose(t, a)) for t, a in mixed)
     elif method == "entropy":
         assert zeroed == 0
+
+
+def test_a_vllm_pool_takes_its_sampling_seconds_from_its_manifest(cli, pool, tmp_path):
+    """Re-timing 32 prompts with vLLM would mostly time the engine's start: the manifest's seconds are used."""
+    folder, config = pool
+    output = tmp_path / "out.parquet"
+    result = cli("gradient-check", folder / "verified.parquet", "-o", output, "-c", config, "--methods", "random",
+                 "--batch-prompts", "2", "--set", "policy.backend=vllm")
+    assert result.exit_code == 0, result.output
+    assert "'s sample manifest)" in output.with_suffix(".md").read_text()
+    assert "timed here" not in output.with_suffix(".md").read_text()

@@ -15,8 +15,9 @@ OUTPUT.md (the printed table and its conditions) and OUTPUT.png (cosine per meth
    the effective batch and `expected_cosine`, the check of the assumption the effective batch rests on;
 5. cost: `cost_vs_sampling` = the method's seconds over the seconds sampling the pool takes: `sample_seconds`
    when given; else, with `time_sampling` N > 0 (the default, 32), `time_sampling` prompts of the pool sampled
-   again here after the credit, scaled to the pool (credit and sampling timed in one process, under one load);
-   else the seconds its sample manifest beside the verified file recorded, else NaN. `pays`:
+   again here after the credit, scaled to the pool (credit and sampling timed in one process, under one load),
+   where the pool's backend is transformers (a vLLM engine's start would swamp so short a sample); else the
+   seconds its sample manifest beside the verified file recorded, else NaN. `pays`:
    effective_batch - 1 >= cost_vs_sampling, i.e. the credit costs less than the extra samples it is worth.
 
 It is not a pipeline stage (nothing caches it) and no stage imports it. Same input, config and seed:
@@ -63,6 +64,7 @@ def run_gradient_check(verified_path: Path, output: Path, config, policy_path: P
     from oarctl.attribution.base import segment_rows
     from oarctl.contract import Policy, StageContext
     from oarctl.gradient_check import credit, gradients, report, summary
+    from oarctl.policy.backends import resolve
 
     methods = check_options(methods, batch_prompts, sample_seconds, time_sampling)
     if config.policy.threads:
@@ -86,7 +88,8 @@ def run_gradient_check(verified_path: Path, output: Path, config, policy_path: P
     columns = summary.summarise(scores, sums, methods, references["references_cosine"])
     if sample_seconds:
         sampling, source = sample_seconds, "--sample-seconds"
-    elif time_sampling:  # after the gradients: sampling draws random numbers, the seeded columns must not move
+    elif time_sampling and resolve(config.policy.backend) == "transformers":
+        # after the gradients: sampling draws random numbers, and the seeded columns must not move
         sampling, source = credit.timed_sampling(policy, table, time_sampling, config.sample)
     else:
         sampling, source = credit.sample_seconds(verified_path)
