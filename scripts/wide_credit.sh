@@ -9,7 +9,9 @@ set -euo pipefail
 main=$(cd "$(dirname "$0")/.." && pwd)
 PREREG=ceab40e   # the commit that holds the plan; never move it
 tree=${TREE:-$main/../prereg-wide}
-[ -d "$tree" ] || git -C "$main" worktree add "$tree" "$PREREG"
+if [ ! -d "$tree" ]; then  # prune first: a worktree whose folder was deleted is still registered
+  git -C "$main" worktree prune && git -C "$main" worktree add "$tree" "$PREREG"
+fi
 if [ "$(git -C "$tree" rev-parse --short=7 HEAD)" != "$PREREG" ] || [ -n "$(git -C "$tree" status --porcelain)" ]; then
   echo "error: $tree is not a clean checkout of $PREREG: the runs must use the plan's code unchanged" >&2; exit 2
 fi
