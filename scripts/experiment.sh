@@ -25,8 +25,8 @@ PARALLEL=${PARALLEL:-2}         # runs at a time, one torch thread each
 FIDELITY_SAMPLE=${FIDELITY_SAMPLE:-32}   # the oracle regenerates every reasoning token (93 s for 32 here)
 FIDELITY_METHODS=${FIDELITY_METHODS:-truth,mc_value,oar_p,oar_p_span,oar_g,entropy,random}
 OARCTL=${OARCTL:-oarctl}
-# A folder (committed) that keeps each finished run's metrics.jsonl, config.yaml and seconds.json: a later session, whose
-# clone has no runs/, takes them from there instead of training those runs again (docs/results.md)
+# A folder (committed) that keeps each finished run's metrics.jsonl, config.yaml and seconds.json: a later
+# session, whose clone has no runs/, takes them from there instead of training those runs again (docs/results.md)
 KEEP=${KEEP:-}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 OUT CONFIG STEPS PROMPTS HELDOUT EVAL_EVERY OARCTL KEEP
 case " $METHODS " in *" uniform "*) ;; *) echo "METHODS must include uniform (the baseline of every pair)" >&2; exit 2 ;; esac
