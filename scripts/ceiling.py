@@ -122,9 +122,10 @@ def seconds_a_step(run_dir: Path) -> float:
     """The run's wall seconds per step, every stage, from its step folders' manifests or its kept seconds.json."""
     from oarctl.report.compare import STAGE_OUTPUTS, step_stage_seconds
 
-    steps = step_stage_seconds(run_dir)[:configured_steps(run_dir)]
-    if len(steps) < configured_steps(run_dir) or any(set(step) != set(STAGE_OUTPUTS) for step in steps):
-        raise Refused(f"{run_dir}: no stage seconds for each of its {configured_steps(run_dir)} steps "
+    configured = configured_steps(run_dir)
+    steps = step_stage_seconds(run_dir)[:configured]
+    if len(steps) < configured or any(set(step) != set(STAGE_OUTPUTS) for step in steps):
+        raise Refused(f"{run_dir}: no stage seconds for each of its {configured} steps "
                       f"(scripts/keep_seconds.py keeps them beside a kept run)")
     return sum(sum(step.values()) for step in steps) / len(steps)
 
