@@ -61,21 +61,17 @@ class Refused(Exception):
 
 
 def configured_steps(run_dir: Path) -> int:
-    """run.steps of the run's config.yaml (the schema's default when the file leaves it out)."""
-    import yaml
+    """run.steps of the run's config.yaml (the schema's default when the file leaves it out), at least 2."""
+    from oarctl.errors import OarError
+    from oarctl.report.compare import configured_steps as recorded_steps
 
-    from oarctl.schema import RunConfig
-
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise Refused(f"{path}: file not found (the configured steps tell when a run has finished)")
     try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise Refused(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
-    steps = (document.get("run") or {}).get("steps", RunConfig().steps) if isinstance(document, dict) else None
-    if not isinstance(steps, int) or steps < 2:
-        raise Refused(f"{path}: run.steps must be an integer >= 2 (steps >= 1 give the on-policy accuracy)")
+        steps = recorded_steps(run_dir)
+    except OarError as error:
+        raise Refused(str(error)) from None
+    if steps < 2:
+        raise Refused(f"{run_dir / 'config.yaml'}: run.steps must be an integer >= 2 (steps >= 1 give the "
+                      f"on-policy accuracy)")
     return steps
 
 
@@ -120,11 +116,11 @@ def heldout(run_dir: Path, sampled: bool) -> float | None:
 
 def seconds_a_step(run_dir: Path) -> float:
     """The run's wall seconds per step, every stage, from its step folders' manifests or its kept seconds.json."""
-    from oarctl.report.compare import STAGE_OUTPUTS, step_stage_seconds
+    from oarctl.report.compare import complete_steps, step_stage_seconds
 
     configured = configured_steps(run_dir)
-    steps = step_stage_seconds(run_dir)[:configured]
-    if len(steps) < configured or any(set(step) != set(STAGE_OUTPUTS) for step in steps):
+    steps = complete_steps(step_stage_seconds(run_dir), configured)
+    if steps is None:
         raise Refused(f"{run_dir}: no stage seconds for each of its {configured} steps "
                       f"(scripts/keep_seconds.py keeps them beside a kept run)")
     return sum(sum(step.values()) for step in steps) / len(steps)

@@ -23,17 +23,11 @@ if str(REPO) not in sys.path:  # run as `python scripts/keep_seconds.py` from a 
     sys.path.insert(0, str(REPO))
 
 from oarctl.artifacts import write_bytes_atomically  # noqa: E402
-from oarctl.report.compare import SECONDS_FILE, STAGE_OUTPUTS, step_stage_seconds  # noqa: E402
+from oarctl.errors import OarError  # noqa: E402
+from oarctl.report.compare import (  # noqa: E402
+    SECONDS_FILE, STAGE_OUTPUTS, complete_steps, configured_steps, step_stage_seconds)
 
 RUN = re.compile(r"^.+-s\d+$")
-
-
-def configured_steps(kept: Path) -> int | None:
-    import yaml
-
-    document = yaml.safe_load((kept / "config.yaml").read_text()) or {}
-    steps = (document.get("run") or {}).get("steps")
-    return steps if isinstance(steps, int) else None
 
 
 def keep(out: Path, kept: Path) -> str:
@@ -42,10 +36,14 @@ def keep(out: Path, kept: Path) -> str:
         return "had"
     if not (kept / "config.yaml").is_file():
         return "no config.yaml in the kept folder"
-    steps = step_stage_seconds(out / kept.name)
-    expected = configured_steps(kept)
-    if expected is None or len(steps) != expected or any(set(step) != set(STAGE_OUTPUTS) for step in steps):
-        return f"{len(steps)} complete step folders in {out / kept.name}, {expected} configured"
+    try:
+        expected = configured_steps(kept)
+    except OarError as error:
+        return str(error)
+    found = step_stage_seconds(out / kept.name)
+    steps = complete_steps(found, expected)
+    if steps is None or len(found) != expected:
+        return f"{len(found)} complete step folders in {out / kept.name}, {expected} configured"
     text = json.dumps({"steps": [{stage: round(step[stage], 3) for stage in STAGE_OUTPUTS} for step in steps]})
     write_bytes_atomically(kept / SECONDS_FILE, text + "\n")
     return "written"

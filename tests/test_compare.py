@@ -149,3 +149,30 @@ def test_compare_says_where_it_wrote_and_why_the_paired_section_is_missing(cli, 
     without_baseline = cli("compare", runs[1], fake_run(tmp_path / "e0", "entropy", 0, [0.4, 0.4], [0.3, 0.3], 3.0),
                            "-o", tmp_path / "d.html")
     assert "No paired differences: no uniform runs to pair with" in without_baseline.stdout
+
+
+def test_configured_steps_reads_run_steps_with_the_schema_default_and_names_a_bad_file(tmp_path):
+    from oarctl.errors import OarError
+    from oarctl.report.compare import configured_steps
+    from oarctl.schema import RunConfig
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"run": {"steps": 7}}))
+    assert configured_steps(tmp_path) == 7
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"attribute": {"method": "uniform"}}))
+    assert configured_steps(tmp_path) == RunConfig().steps
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"run": {"steps": "many"}}))
+    with pytest.raises(OarError, match=re.escape(f"{tmp_path / 'config.yaml'}: run.steps must be an integer")):
+        configured_steps(tmp_path)
+    (tmp_path / "config.yaml").unlink()
+    with pytest.raises(OarError, match="file not found"):
+        configured_steps(tmp_path)
+
+
+def test_complete_steps_are_the_configured_steps_each_with_every_stage():
+    from oarctl.report.compare import STAGE_OUTPUTS, complete_steps
+
+    whole = {stage: 1.0 for stage in STAGE_OUTPUTS}
+    partial = {stage: 1.0 for stage in list(STAGE_OUTPUTS)[:2]}
+    assert complete_steps([whole, whole, partial], 2) == [whole, whole]  # a step past the configured ones is left
+    assert complete_steps([whole, partial], 2) is None  # a step lost a stage's manifest
+    assert complete_steps([whole], 2) is None  # still training

@@ -63,6 +63,32 @@ def _config(run_dir: Path) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 
 
+def configured_steps(run_dir: Path) -> int:
+    """run.steps of the run's config.yaml (the schema's default where the file leaves it out)."""
+    from oarctl.schema import RunConfig
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise OarError(f"{path}: file not found (the configured steps tell when a run has finished)")
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise OarError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    steps = (document.get("run") or {}).get("steps", RunConfig().steps) if isinstance(document, dict) else None
+    if not isinstance(steps, int) or isinstance(steps, bool):
+        raise OarError(f"{path}: run.steps must be an integer")
+    return steps
+
+
+def complete_steps(steps: list[dict[str, float]], configured: int) -> list[dict[str, float]] | None:
+    """The first `configured` steps of step_stage_seconds' list when there are that many and each has every
+    stage's seconds, else None (the run has not finished, or a step folder lost a manifest)."""
+    kept = steps[:configured]
+    if len(kept) < configured or any(set(step) != set(STAGE_OUTPUTS) for step in kept):
+        return None
+    return kept
+
+
 def _wall_seconds(manifest: Path) -> float:
     return float(json.loads(manifest.read_text()).get("wall_seconds", 0.0))
 
