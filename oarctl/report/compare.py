@@ -65,16 +65,14 @@ def _config(run_dir: Path) -> dict:
 
 def configured_steps(run_dir: Path) -> int:
     """run.steps of the run's config.yaml (the schema's default where the file leaves it out)."""
+    from oarctl.config import read_yaml_mapping
     from oarctl.schema import RunConfig
 
     path = run_dir / "config.yaml"
     if not path.is_file():
         raise OarError(f"{path}: file not found (the configured steps tell when a run has finished)")
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise OarError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
-    steps = (document.get("run") or {}).get("steps", RunConfig().steps) if isinstance(document, dict) else None
+    run = read_yaml_mapping(path, "run config").get("run") or {}
+    steps = run.get("steps", RunConfig().steps) if isinstance(run, dict) else None
     if not isinstance(steps, int) or isinstance(steps, bool):
         raise OarError(f"{path}: run.steps must be an integer")
     return steps
