@@ -272,13 +272,18 @@ RULES: dict[str, Rule] = {
 }
 
 
-def deciding_rule(pred: str, gold: str) -> tuple[str, bool] | None:
-    """(the rule's name, its verdict) of the first rule that decides; None when none does."""
-    for name, rule in RULES.items():
+def first_verdict(rules: dict[str, Rule], pred: str, gold: str) -> tuple[str, bool] | None:
+    """(the rule's name, its verdict) of the first of `rules`, in order, that decides; None when none does."""
+    for name, rule in rules.items():
         verdict = rule(pred, gold)
         if verdict is not None:
             return name, verdict
     return None
+
+
+def deciding_rule(pred: str, gold: str) -> tuple[str, bool] | None:
+    """(the rule's name, its verdict) of the first rule of RULES that decides; None when none does."""
+    return first_verdict(RULES, pred, gold)
 
 
 def quick_verdict(pred: str, gold: str) -> bool | None:

@@ -28,9 +28,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 from fractions import Fraction
-from typing import Callable
 
-from oarctl.verify.cheap import constant, exact_value
+from oarctl.verify.cheap import Rule, constant, exact_value, first_verdict
 from oarctl.verify.lenient import stray_end
 from oarctl.verify.normalize import plain_number
 
@@ -132,7 +131,6 @@ def complex_numbers(pred: str, gold: str) -> bool | None:
     return True if distance <= COMPLEX_SAME * size else False if distance > COMPLEX_FAR * size else None
 
 
-Rule = Callable[[str, str], "bool | None"]
 RULES: dict[str, Rule] = {
     "different unit words": different_unit_words,
     "compound quantity": compound_quantity,
@@ -143,11 +141,8 @@ RULES: dict[str, Rule] = {
 
 def lenient_verdict(pred: str, gold: str) -> bool | None:
     """Equal / not equal by a lenient rule, None when none decides."""
-    for rule in RULES.values():
-        verdict = rule(pred, gold)
-        if verdict is not None:
-            return verdict
-    return None
+    decided = first_verdict(RULES, pred, gold)
+    return None if decided is None else decided[1]
 
 
 # ---- complex values -----------------------------------------------------------------------------
