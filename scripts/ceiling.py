@@ -7,6 +7,7 @@
     python scripts/ceiling.py runs/screen --seeds 100-109         # one seed set -> runs/screen/ceiling-s100-109.md
     python scripts/ceiling.py runs/credit --figures               # + forest.png and curves.png beside ceiling.md
     python scripts/ceiling.py runs/credit --metric heldout_greedy # -> ceiling-heldout_greedy.md
+    python scripts/ceiling.py runs/wide --predict truth=2.09,ktae=0.82 --control uniform_1.5x=1.5  # + the bench's prediction
 
 Reads OUT/<method>-s<seed>/{config.yaml,metrics.jsonl} and takes the on-policy accuracy of each run (the
 mean training reward over steps >= 1, as `oarctl compare`). A run counts once it has finished: its metrics
@@ -30,6 +31,11 @@ config.yaml and the stage manifests record them); runs that differ, or recorded 
 heldout_greedy / heldout_sampled, the held-out accuracy after the last step (eval greedy_accuracy / avg@k);
 equal_time, the on-policy accuracy over the steps that fit in the baseline's wall-clock (at_equal_time says
 how; the seconds come from the runs' manifests or their kept seconds.json, scripts/keep_seconds.py).
+--predict truth=2.09,ktae=0.82 --control uniform_1.5x=1.5 adds the bench's prediction of training beside the
+measured gains: a method worth k batches by the gradient bench should gain what k x the samples gain, and the
+control (the baseline with `factor` x the samples) measures that, so predicted gain = (k - 1) / (factor - 1) x
+mean(control - baseline); per method, measured gain with its 95% interval and whether the prediction lies
+inside it, and whether the measured gains fall in the predicted order (descriptive: no test).
 --figures also writes forest[-sSEEDS].png (each method's paired difference to the baseline with its 95%
 interval) and curves[-sSEEDS].png (the mean training reward per step of each method, 95% band over seeds).
 Errors (no such folder, a run without config.yaml, too few seeds, refused provenance) are one line,
@@ -219,8 +225,9 @@ def _ceiling_line(values: dict, baseline: str, ceiling: str | None) -> tuple[lis
 
 
 def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str | None, sesoi: float,
-           label: str = METRICS["on_policy"]) -> str:
-    """The table; `ceiling` None leaves out the fraction of the ceiling (a dash in its column)."""
+           label: str = METRICS["on_policy"], prediction: tuple[tuple[str, float], dict[str, float]] | None = None) -> str:
+    """The table; `ceiling` None leaves out the fraction of the ceiling (a dash in its column); `prediction`
+    ((control, factor), {method: bench k}) adds the bench's prediction beside the measured gains."""
     for name in (baseline, ceiling) if ceiling else (baseline,):
         if name not in runs:
             raise Refused(f"no finished run of {name!r} (directories <method>-s<seed> with config.yaml and "
@@ -248,7 +255,63 @@ def report(runs: dict[str, dict[int, float]], baseline: str, ceiling: str | None
     if "truth_shuffled" in values and ceiling in values:
         mean, low, high = t_interval(values[ceiling] - values["truth_shuffled"], 0.95)
         lines += ["", f"{ceiling} - truth_shuffled: {mean:+.2f} [{low:+.2f}, {high:+.2f}] points (95% CI)"]
+    if prediction:
+        lines += bench_prediction(values, baseline, *prediction)
     return "\n".join(lines) + "\n"
+
+
+def bench_prediction(values: dict[str, np.ndarray], baseline: str, control: tuple[str, float],
+                     batches: dict[str, float]) -> list[str]:
+    """The bench's predicted gain of each method beside its measured one (points), and the verdict lines."""
+    name, factor = control
+    for method in (name, *batches):
+        if method not in values:
+            raise Refused(f"--predict/--control: no finished run of {method!r} among the seeds counted")
+    per_batch = (values[name] - values[baseline]).mean() / (factor - 1)
+    lines = ["", f"the bench's prediction: predicted gain = (k - 1) / ({factor:g} - 1) x ({name} - {baseline}) = "
+                 f"(k - 1) x {per_batch:+.2f} points",
+             f"| method | bench k | predicted - {baseline} | measured - {baseline} (95% CI) | prediction inside |",
+             "|---|---:|---:|---|---|"]
+    predicted, measured, inside = {}, {}, {}
+    for method, k in sorted(batches.items(), key=lambda item: -item[1]):
+        predicted[method] = (k - 1) * per_batch
+        measured[method], low, high = t_interval(values[method] - values[baseline], 0.95)
+        inside[method] = low <= predicted[method] <= high
+        lines.append(f"| {method} | {k:.2f} | {predicted[method]:+.2f} | {measured[method]:+.2f} [{low:+.2f}, "
+                     f"{high:+.2f}] | {'yes' if inside[method] else 'no'} |")
+    order = sorted(batches, key=lambda m: -predicted[m]) == sorted(batches, key=lambda m: -measured[m])
+    lines += ["", f"measured gains in the predicted order: {'yes' if order else 'no'}; every prediction inside its "
+                  f"interval: {'yes' if all(inside.values()) else 'no'} -> the bench "
+                  f"{'predicts' if order and all(inside.values()) else 'does not predict'} training here"]
+    return lines
+
+
+def named_numbers(text: str, option: str) -> dict[str, float]:
+    """`truth=2.09,ktae=0.82` -> {"truth": 2.09, "ktae": 0.82}, or a one-line refusal naming the option."""
+    numbers = {}
+    for part in filter(None, text.split(",")):
+        name, equals, number = part.partition("=")
+        try:
+            numbers[name.strip()] = float(number)
+        except ValueError:
+            raise Refused(f"{option}: expected METHOD=NUMBER[,METHOD=NUMBER...], got {text!r}") from None
+        if not equals or not name.strip():
+            raise Refused(f"{option}: expected METHOD=NUMBER[,METHOD=NUMBER...], got {text!r}")
+    if not numbers:
+        raise Refused(f"{option}: expected METHOD=NUMBER[,METHOD=NUMBER...], got {text!r}")
+    return numbers
+
+
+def prediction_options(predict: str | None, control: str | None) -> tuple[tuple[str, float], dict[str, float]] | None:
+    """--predict and --control read: ((control, factor), {method: bench k}), or None when neither is given."""
+    if (predict is None) != (control is None):
+        raise Refused("--predict and --control go together (the control measures what more samples gain)")
+    if predict is None:
+        return None
+    controls = named_numbers(control, "--control")
+    if len(controls) != 1 or min(controls.values()) <= 1:
+        raise Refused(f"--control: expected one METHOD=FACTOR with FACTOR above 1, got {control!r}")
+    return next(iter(controls.items())), named_numbers(predict, "--predict")
 
 
 def seed_set(text: str) -> set[int]:
@@ -266,7 +329,8 @@ def seed_set(text: str) -> set[int]:
 
 
 def analyse(out: Path, baseline: str, ceiling: str | None, sesoi: float, allow_mixed: bool,
-            seeds: set[int] | None = None, metric: str = "on_policy") -> tuple[str, dict[str, dict[int, Path]]]:
+            seeds: set[int] | None = None, metric: str = "on_policy",
+            prediction: tuple[tuple[str, float], dict[str, float]] | None = None) -> tuple[str, dict[str, dict[int, Path]]]:
     """The report of OUT's finished runs (of `seeds` only, when given), after checking they share machine
     and versions (its last line says on what they ran), and the runs it counted: {method: {seed: folder}},
     the seeds where every method finished."""
@@ -277,7 +341,7 @@ def analyse(out: Path, baseline: str, ceiling: str | None, sesoi: float, allow_m
         raise Refused(f"{out}: not a directory")
     found, notes = scored(finished_runs(out, seeds), metric, baseline)
     accuracies = {method: {seed: value for seed, (value, _) in by_seed.items()} for method, by_seed in found.items()}
-    text = "\n".join(notes) + report(accuracies, baseline, ceiling, sesoi, METRICS[metric])
+    text = "\n".join(notes) + report(accuracies, baseline, ceiling, sesoi, METRICS[metric], prediction)
     common = sorted(set.intersection(*(set(by_seed) for by_seed in found.values())))
     counted = {method: {seed: by_seed[seed][1] for seed in common} for method, by_seed in found.items()}
     try:
@@ -376,13 +440,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--figures", action="store_true", help="also write forest[-sSEEDS].png and curves[-sSEEDS].png")
     parser.add_argument("--metric", choices=METRICS, default="on_policy",
                         help="what a run is scored by; other than on_policy the report goes to ceiling[-sSEEDS]-METRIC.md")
+    parser.add_argument("--predict", default=None, metavar="METHOD=K,...",
+                        help="each method's effective batch by the gradient bench: adds its predicted gain beside "
+                             "the measured one (needs --control)")
+    parser.add_argument("--control", default=None, metavar="METHOD=FACTOR",
+                        help="the baseline with FACTOR x the samples a step (e.g. uniform_1.5x=1.5), for --predict")
     args = parser.parse_args(argv)
     try:
+        prediction = prediction_options(args.predict, args.control)
         if args.figures and args.metric != "on_policy":
             raise Refused("--figures draws the on-policy accuracy: run it without --metric")
         seeds = None if args.seeds is None else seed_set(args.seeds)
         ceiling = None if args.ceiling == "none" else args.ceiling
-        text, counted = analyse(args.out, args.baseline, ceiling, args.sesoi, args.allow_mixed, seeds, args.metric)
+        text, counted = analyse(args.out, args.baseline, ceiling, args.sesoi, args.allow_mixed, seeds, args.metric,
+                                prediction)
     except Refused as error:
         sys.stderr.write(f"error: {error}\n")
         raise SystemExit(2) from None

@@ -233,3 +233,39 @@ def test_equal_time_counts_the_steps_the_baselines_wall_clock_reaches(tmp_path, 
     assert missing.returncode == 2
     assert missing.stderr == (f"error: {tmp_path / 'slow-s1'}: no stage seconds for each of its 7 steps "
                               "(scripts/keep_seconds.py keeps them beside a kept run)\n")
+
+
+def test_the_bench_prediction_beside_the_measured_gains(tmp_path, ceiling):
+    # uniform 40..46 points; the 1.5x control +2 on every seed, so 0.5 more batch buys 2 points: k = 2.5
+    # predicts (2.5 - 1) / 0.5 x 2 = +6 and k = 0.5 predicts -2. truth measures +6 +- 0.5 (inside), ktae
+    # -1 +- 0.5: its 95% interval, -1 +- 3.182 x 0.577 / 2 = [-1.92, -0.08], leaves -2 out.
+    for seed, base in enumerate([0.40, 0.42, 0.44, 0.46]):
+        wobble = 0.005 if seed % 2 else -0.005
+        for method, value in (("uniform", base), ("uniform_1.5x", base + 0.02), ("truth", base + 0.06 + wobble),
+                              ("ktae", base - 0.01 + wobble)):
+            write_run(tmp_path / f"{method}-s{seed}", [0.5, value, value])
+    result = run_here(ceiling, tmp_path, "--ceiling", "none", "--predict", "truth=2.5,ktae=0.5",
+                      "--control", "uniform_1.5x=1.5")
+    assert result.returncode == 0, result.stderr
+    assert "predicted gain = (k - 1) / (1.5 - 1) x (uniform_1.5x - uniform) = (k - 1) x +4.00 points" in result.stdout
+    rows = {line.split(" | ")[0][2:]: line for line in result.stdout.split("the bench's prediction")[1].splitlines()
+            if line.startswith("| ")}
+    assert rows["truth"] == "| truth | 2.50 | +6.00 | +6.00 [+5.08, +6.92] | yes |"
+    assert rows["ktae"] == "| ktae | 0.50 | -2.00 | -1.00 [-1.92, -0.08] | no |"
+    assert ("measured gains in the predicted order: yes; every prediction inside its interval: no -> the bench "
+            "does not predict training here") in result.stdout
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--predict", "truth=2"], "--predict and --control go together"),
+    (["--predict", "truth", "--control", "uniform_1.5x=1.5"], "--predict: expected METHOD=NUMBER"),
+    (["--predict", "truth=2", "--control", "uniform_1.5x=1"], "--control: expected one METHOD=FACTOR with FACTOR above 1"),
+    (["--predict", "oar_p=2", "--control", "uniform_1.5x=1.5"], "--predict/--control: no finished run of 'oar_p'"),
+])
+def test_bench_prediction_options_are_refused_in_one_line(tmp_path, ceiling, arguments, message):
+    for seed in range(2):
+        for method in ("uniform", "uniform_1.5x"):
+            write_run(tmp_path / f"{method}-s{seed}", [0.5, 0.4 + seed / 10, 0.4])
+    result = run_here(ceiling, tmp_path, "--ceiling", "none", *arguments)
+    assert result.returncode == 2 and result.stderr.startswith("error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1
