@@ -288,17 +288,18 @@ def bench_prediction(values: dict[str, np.ndarray], baseline: str, control: tupl
 
 def named_numbers(text: str, option: str) -> dict[str, float]:
     """`truth=2.09,ktae=0.82` -> {"truth": 2.09, "ktae": 0.82}, or a one-line refusal naming the option."""
+    refusal = Refused(f"{option}: expected METHOD=NUMBER[,METHOD=NUMBER...], got {text!r}")
     numbers = {}
     for part in filter(None, text.split(",")):
         name, equals, number = part.partition("=")
         try:
             numbers[name.strip()] = float(number)
         except ValueError:
-            raise Refused(f"{option}: expected METHOD=NUMBER[,METHOD=NUMBER...], got {text!r}") from None
+            raise refusal from None
         if not equals or not name.strip():
-            raise Refused(f"{option}: expected METHOD=NUMBER[,METHOD=NUMBER...], got {text!r}")
+            raise refusal
     if not numbers:
-        raise Refused(f"{option}: expected METHOD=NUMBER[,METHOD=NUMBER...], got {text!r}")
+        raise refusal
     return numbers
 
 
