@@ -75,6 +75,13 @@ def test_compare_errors_name_the_run(cli, tmp_path):
     failed = cli("compare", tmp_path / "not_a_run", "-o", tmp_path / "c.html")
     assert failed.exit_code == 2 and "config.yaml" in failed.stderr and len(failed.stderr.splitlines()) == 1
     assert not (tmp_path / "c.html").exists()
+    config = tmp_path / "not_a_run" / "config.yaml"
+    for text, says in (("run: {seed: [1\n", "not valid YAML"), ("- a list\n", "expected a mapping")):
+        config.write_text(text)  # a malformed config is one line naming it, never a YAML traceback
+        failed = cli("compare", tmp_path / "not_a_run", "-o", tmp_path / "c.html")
+        assert failed.exit_code == 2 and len(failed.stderr.splitlines()) == 1, failed.output
+        assert failed.stderr.startswith(f"error: {config}: {says}")
+        assert not (tmp_path / "c.html").exists()
 
 
 def test_paired_differences_to_grpo_with_a_t_interval_computed_by_hand(cli, tmp_path):

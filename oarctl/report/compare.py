@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from oarctl.errors import OarError
 from oarctl.report.run_report import _data_uri, eval_series, read_metrics, sampled_key, step_series
@@ -56,25 +55,24 @@ class RunSummary:
     lines: list = field(repr=False, default_factory=list)
 
 
-def _config(run_dir: Path) -> dict:
+def _config(run_dir: Path, missing: str = "not a run folder?") -> dict:
+    """The run's config.yaml as a mapping, or a one-line OarError naming the file (`missing` says why it is needed)."""
+    from oarctl.config import read_yaml_mapping
+
     path = run_dir / "config.yaml"
     if not path.is_file():
-        raise OarError(f"{path}: file not found (not a run folder?)")
-    return yaml.safe_load(path.read_text()) or {}
+        raise OarError(f"{path}: file not found ({missing})")
+    return read_yaml_mapping(path, "run config")
 
 
 def configured_steps(run_dir: Path) -> int:
     """run.steps of the run's config.yaml (the schema's default where the file leaves it out)."""
-    from oarctl.config import read_yaml_mapping
     from oarctl.schema import RunConfig
 
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise OarError(f"{path}: file not found (the configured steps tell when a run has finished)")
-    run = read_yaml_mapping(path, "run config").get("run") or {}
+    run = _config(run_dir, "the configured steps tell when a run has finished").get("run") or {}
     steps = run.get("steps", RunConfig().steps) if isinstance(run, dict) else None
     if not isinstance(steps, int) or isinstance(steps, bool):
-        raise OarError(f"{path}: run.steps must be an integer")
+        raise OarError(f"{run_dir / 'config.yaml'}: run.steps must be an integer")
     return steps
 
 
