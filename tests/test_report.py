@@ -115,3 +115,19 @@ def test_report_errors_name_the_folder_or_file(cli, tmp_path):
     (tmp_path / "bad" / "metrics.jsonl").write_text("{not json\n")
     failed = cli("report", tmp_path / "bad")
     assert failed.exit_code == 2 and "not valid JSON" in failed.stderr and len(failed.stderr.splitlines()) == 1
+
+
+def test_the_run_policy_comes_from_the_first_folder_with_a_config_and_a_bad_one_is_named(tmp_path):
+    from oarctl.errors import OarError
+    from oarctl.policy.paths import resolve_policy_path
+    from oarctl.report.tokens import run_policy
+
+    step, run = tmp_path / "run" / "step_0000", tmp_path / "run"
+    step.mkdir(parents=True)
+    assert run_policy(step, run) == resolve_policy_path("toy")  # no config: the toy policy
+    (run / "config.yaml").write_text("policy: {path: toy-chains}\n")
+    assert run_policy(step, run) == resolve_policy_path("toy-chains") != resolve_policy_path("toy")
+    for text, says in (("policy: {path: [\n", "not valid YAML"), ("policy: toy-chains\n", "section 'policy'")):
+        (run / "config.yaml").write_text(text)  # `oarctl show` and `oarctl report` print this one line
+        with pytest.raises(OarError, match=re.escape(f"{run / 'config.yaml'}: {says}")):
+            run_policy(step, run)

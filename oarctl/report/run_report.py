@@ -12,8 +12,6 @@ import html
 import json
 from pathlib import Path
 
-import yaml
-
 from oarctl.errors import OarError
 
 # (file name, title, metrics.jsonl key) of the step curves, in page order
@@ -111,14 +109,6 @@ def choose_rows(rows: list[dict], per_verdict: int = HEATMAPS_PER_VERDICT) -> li
     return correct + wrong
 
 
-def run_policy_path(run_dir: Path) -> Path:
-    from oarctl.policy.paths import resolve_policy_path
-
-    recorded = run_dir / "config.yaml"
-    document = yaml.safe_load(recorded.read_text()) if recorded.is_file() else {}
-    return resolve_policy_path(str((document or {}).get("policy", {}).get("path", "toy")))
-
-
 def heatmap_sections(path: Path, policy: Path) -> str:
     import pyarrow.parquet as pq
 
@@ -162,6 +152,7 @@ def render_page(run_dir: Path, images: dict[str, bytes], missing: list[str], hea
 def write_report(run_dir: Path, output: Path | None = None, log=print) -> Path:
     """Write the page and its PNGs (into OUTPUT's folder named like the page); returns the page path."""
     from oarctl.artifacts import write_bytes_atomically
+    from oarctl.report.tokens import run_policy
 
     output = output or run_dir / "report.html"
     images, missing = curves(read_metrics(run_dir))
@@ -169,7 +160,7 @@ def write_report(run_dir: Path, output: Path | None = None, log=print) -> Path:
     if advantages is None:
         heatmaps, source = '<p class="missing">no finished advantages.parquet in this run yet</p>', "none"
     else:
-        heatmaps, source = heatmap_sections(advantages, run_policy_path(run_dir)), str(advantages.relative_to(run_dir))
+        heatmaps, source = heatmap_sections(advantages, run_policy(run_dir)), str(advantages.relative_to(run_dir))
     for name, png in images.items():
         write_bytes_atomically(output.parent / output.stem / f"{name}.png", png)
     write_bytes_atomically(output, render_page(run_dir, images, missing, heatmaps, source))

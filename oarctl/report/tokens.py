@@ -9,8 +9,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from oarctl.errors import OarError
 
 # --by choice -> the per-token column it colours by
@@ -30,15 +28,19 @@ def default_by(column_names) -> str:
     return "weight" if "token_weights" in column_names else "score"
 
 
-def run_policy(artifact: Path) -> Path:
-    """policy.path of the run folder holding `artifact` (step_NNNN/x.parquet), else the toy policy."""
+def run_policy(*folders: Path) -> Path:
+    """policy.path of the first of `folders` holding a run's config.yaml, else the toy policy; a malformed
+    config.yaml is a one-line OarError naming it."""
+    from oarctl.config import read_yaml_mapping
     from oarctl.policy.paths import resolve_policy_path
 
-    for folder in (artifact.parent, artifact.parent.parent):
+    for folder in folders:
         recorded = folder / "config.yaml"
         if recorded.is_file():
-            document = yaml.safe_load(recorded.read_text()) or {}
-            return resolve_policy_path(str(document.get("policy", {}).get("path", "toy")))
+            policy = read_yaml_mapping(recorded, "run config").get("policy") or {}
+            if not isinstance(policy, dict):
+                raise OarError(f"{recorded}: section 'policy' must be a mapping of options")
+            return resolve_policy_path(str(policy.get("path", "toy")))
     return resolve_policy_path("toy")
 
 
@@ -111,7 +113,7 @@ def show_row(path: Path, index: int, by: str | None = None, policy: Path | None 
     from oarctl.report.heatmap import render_ansi, render_plain
 
     row, by = read_row(path, index, by)
-    tokenizer = load_tokenizer(policy or run_policy(path))
+    tokenizer = load_tokenizer(policy or run_policy(path.parent, path.parent.parent))
     shown = token_row(row, index, by, tokenizer)
     body = (render_ansi if color else render_plain)(shown.tokens, shown.values, shown.span)
     return "\n".join([shown.header, f"problem: {row.get('problem', '')}", body])
