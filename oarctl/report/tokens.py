@@ -29,19 +29,21 @@ def default_by(column_names) -> str:
 
 
 def run_policy(*folders: Path) -> Path:
-    """policy.path of the first of `folders` holding a run's config.yaml, else the toy policy; a malformed
-    config.yaml is a one-line OarError naming it."""
+    """policy.path of the first of `folders` holding a run's config.yaml, else the schema's default policy; a
+    malformed config.yaml is a one-line OarError naming it."""
     from oarctl.config import read_yaml_mapping
     from oarctl.policy.paths import resolve_policy_path
+    from oarctl.schema import PolicyConfig
 
+    default = PolicyConfig().path
     for folder in folders:
         recorded = folder / "config.yaml"
         if recorded.is_file():
             policy = read_yaml_mapping(recorded, "run config").get("policy") or {}
             if not isinstance(policy, dict):
                 raise OarError(f"{recorded}: section 'policy' must be a mapping of options")
-            return resolve_policy_path(str(policy.get("path", "toy")))
-    return resolve_policy_path("toy")
+            return resolve_policy_path(str(policy.get("path", default)))
+    return resolve_policy_path(default)
 
 
 def decode_each(tokenizer, ids: list[int]) -> list[str]:
